@@ -1,0 +1,66 @@
+# Finds the project's dependencies and sets SLIDE_HAVE_CUDA / SLIDE_HAVE_IO_URING.
+# Debian 12 packaging notes: protobuf has no CMake config (module mode, before gRPC); liburing is pkg-config only.
+
+# --- LibTorch from the PyPI wheel -------------------------------------------------------------------------
+if(NOT Torch_DIR)
+  execute_process(
+    COMMAND python3 -c "import torch; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE SLIDE_TORCH_PREFIX OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE SLIDE_TORCH_RC)
+  if(NOT SLIDE_TORCH_RC EQUAL 0)
+    message(FATAL_ERROR "LibTorch not found: run scripts/install-deps.sh (installs PyPI torch==2.11.0)")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${SLIDE_TORCH_PREFIX}")
+endif()
+
+# --- CUDA -------------------------------------------------------------------------------------------------
+set(SLIDE_HAVE_CUDA OFF)
+if(NOT SLIDE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper (H100/H200); override with -DCMAKE_CUDA_ARCHITECTURES
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    find_package(CUDAToolkit REQUIRED)
+    set(SLIDE_HAVE_CUDA ON)
+  elseif(SLIDE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "SLIDE_CUDA=ON but nvcc was not found")
+  endif()
+endif()
+
+# Caffe2's CUDA module runs a GPU-detection program unless the architectures are given.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "9.0")
+endif()
+# TorchConfig warns about optional pieces (kineto, NVTX) it does not find; they are not needed.
+find_package(Torch REQUIRED CONFIG)
+# Torch's imported targets add flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) through TORCH_CXX_FLAGS.
+separate_arguments(SLIDE_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+# The PyPI libtorch.so / libtorch_cpu.so export their own (static) copy of std::filesystem. Whichever library
+# comes first in an executable's DT_NEEDED list wins symbol lookup, and libtorch's copy crashes when called
+# from our code (remove_all jumps to address 0). Put the system libstdc++ first so its definitions win.
+add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+set(SLIDE_HAVE_IO_URING OFF)
+if(NOT SLIDE_IO_URING STREQUAL "OFF")
+  pkg_check_modules(URING IMPORTED_TARGET liburing)
+  if(URING_FOUND)
+    set(SLIDE_HAVE_IO_URING ON)
+  elseif(SLIDE_IO_URING STREQUAL "ON")
+    message(FATAL_ERROR "SLIDE_IO_URING=ON but liburing was not found")
+  endif()
+endif()
+
+if(SLIDE_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()

@@ -1,0 +1,225 @@
+#include "engine/model/hf_checkpoint.h"
+
+#include <ATen/ops/zeros.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "engine/model/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace slide {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+StatusOr<std::string> ReadText(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path.string() + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// name -> (file, entry) across one or more safetensors files.
+struct TensorSource {
+  std::shared_ptr<SafetensorsFile> file;
+  const SafetensorsEntry* entry = nullptr;
+};
+
+StatusOr<std::map<std::string, TensorSource>> OpenCheckpoint(const fs::path& dir) {
+  std::map<std::string, TensorSource> sources;
+  if (fs::exists(dir / kIndexFile)) {
+    const std::string index_path = (dir / kIndexFile).string();
+    SLIDE_ASSIGN_OR_RETURN(std::string text, ReadText(dir / kIndexFile));
+    json index;
+    try {
+      index = json::parse(text);
+    } catch (const json::parse_error& e) {
+      return InvalidArgument(index_path + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+      return InvalidArgument(index_path + ": missing object 'weight_map'");
+    std::map<std::string, std::shared_ptr<SafetensorsFile>> files;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it->is_string()) return InvalidArgument(index_path + ": weight_map['" + it.key() + "'] is not a file name");
+      const std::string shard = it->get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
+        return InvalidArgument(index_path + ": weight_map['" + it.key() + "'] names '" + shard +
+                               "', which is not a file in the model directory");
+      auto& file = files[shard];
+      if (!file) {
+        auto opened = SafetensorsFile::Open((dir / shard).string());
+        if (!opened.ok()) return opened.status().WithContext(index_path + " names shard '" + shard + "'");
+        file = opened.value();
+      }
+      const SafetensorsEntry* entry = file->Find(it.key());
+      if (entry == nullptr)
+        return InvalidArgument(index_path + ": tensor '" + it.key() + "' is mapped to " + file->path() +
+                               ", which does not contain it");
+      sources[it.key()] = {file, entry};
+    }
+    return sources;
+  }
+  if (!fs::exists(dir / kSingleFile)) {
+    std::string hint =
+        fs::exists(dir / "pytorch_model.bin") ? " (pytorch_model.bin is not supported: convert to safetensors)" : "";
+    return NotFound(dir.string() + ": no " + kSingleFile + " or " + kIndexFile + hint);
+  }
+  SLIDE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((dir / kSingleFile).string()));
+  for (const auto& e : file->entries()) sources[e.name] = {file, &e};
+  return sources;
+}
+
+bool IgnorableExtra(const std::string& name, bool tied) {
+  // Older checkpoints store RoPE's inverse frequencies; tied checkpoints may still store the LM head.
+  if (name.size() > 22 && name.ends_with(".rotary_emb.inv_freq")) return true;
+  return tied && name == "lm_head.weight";
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+at::Tensor ModelParams::Param(size_t unit, const std::string& local) const {
+  const ParamSpec* spec = layout.units.at(unit).Find(local);
+  TORCH_CHECK(spec != nullptr, "no parameter ", local, " in unit ", layout.units.at(unit).name);
+  return ParamView(*spec, units.at(unit));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ModelParams::Named() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (const auto& p : layout.units[u].params) out.emplace_back(p.name, ParamView(p, units[u]));
+  return out;
+}
+
+ModelParams ModelParams::To(at::TensorOptions options) const {
+  ModelParams out{layout, {}};
+  for (const auto& t : units) out.units.push_back(t.to(options, /*non_blocking=*/false, /*copy=*/true));
+  return out;
+}
+
+ModelParams ZeroParams(const ModelLayout& layout, at::TensorOptions options) {
+  ModelParams p{layout, {}};
+  for (const auto& u : layout.units) p.units.push_back(at::zeros({u.numel}, options));
+  return p;
+}
+
+StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype) {
+  const fs::path dir(model_dir);
+  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(dir));
+  ModelParams params = ZeroParams(BuildModelLayout(cfg), at::TensorOptions().dtype(dtype));
+
+  std::vector<std::string> missing;
+  std::set<std::string> used;
+  for (size_t u = 0; u < params.layout.units.size(); ++u) {
+    for (const auto& spec : params.layout.units[u].params) {
+      auto it = sources.find(spec.name);
+      if (it == sources.end()) {
+        missing.push_back(spec.name);
+        continue;
+      }
+      const SafetensorsEntry& e = *it->second.entry;
+      if (e.dtype != c10::kFloat && e.dtype != c10::kHalf && e.dtype != c10::kBFloat16)
+        return InvalidArgument(it->second.file->path() + ": tensor '" + spec.name + "' has dtype " +
+                               SafetensorsDtypeName(e.dtype) + "; expected F32, F16 or BF16");
+      if (e.shape != spec.shape)
+        return InvalidArgument(it->second.file->path() + ": tensor '" + spec.name + "' has shape " +
+                               ShapeString(e.shape) + " but config.json implies " + ShapeString(spec.shape));
+      ParamView(spec, params.units[u]).copy_(it->second.file->View(e));
+      used.insert(spec.name);
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 5) list += ", ...";
+    return InvalidArgument(model_dir + ": checkpoint lacks " + std::to_string(missing.size()) +
+                           " tensor(s) the config needs: " + list);
+  }
+  for (const auto& [name, src] : sources) {
+    if (!used.count(name) && !IgnorableExtra(name, cfg.tie_word_embeddings))
+      return InvalidArgument(src.file->path() + ": tensor '" + name + "' is not part of a " + cfg.model_type +
+                             " model with this config.json");
+  }
+  return params;
+}
+
+Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_model_dir, const ModelParams& params,
+                          const ExportOptions& options) {
+  const fs::path out(out_dir), src(source_model_dir);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return InvalidArgument(out_dir + ": cannot create directory (" + ec.message() + ")");
+
+  SLIDE_ASSIGN_OR_RETURN(std::string config_text, ReadText(src / "config.json"));
+  json config;
+  try {
+    config = json::parse(config_text);
+  } catch (const json::parse_error& e) {
+    return InvalidArgument((src / "config.json").string() + ": not valid JSON (" + e.what() + ")");
+  }
+  const char* dtype_name = options.dtype == c10::kFloat  ? "float32"
+                           : options.dtype == c10::kHalf ? "float16"
+                                                         : "bfloat16";
+  config["torch_dtype"] = dtype_name;
+  {
+    std::ofstream f(out / "config.json", std::ios::trunc);
+    f << config.dump(2) << "\n";
+    if (!f) return Internal((out / "config.json").string() + ": write failed");
+  }
+
+  // Group tensors into shards of at most max_shard_bytes (a tensor never splits).
+  std::vector<NamedTensors> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (auto& [name, view] : params.Named()) {
+    at::Tensor t = view.to(at::TensorOptions().dtype(options.dtype).device(at::kCPU));
+    const int64_t bytes = t.numel() * t.element_size();
+    if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace_back(name, t);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  if (shards.size() == 1) {
+    SLIDE_RETURN_IF_ERROR(WriteSafetensors((out / kSingleFile).string(), shards[0]));
+  } else {
+    json weight_map = json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      SLIDE_RETURN_IF_ERROR(WriteSafetensors((out / name).string(), shards[i]));
+      for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
+    }
+    json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    std::ofstream f(out / kIndexFile, std::ios::trunc);
+    f << index.dump(2) << "\n";
+    if (!f) return Internal((out / kIndexFile).string() + ": write failed");
+  }
+
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                           "generation_config.json", "vocab.json", "merges.txt"}) {
+    if (!fs::exists(src / name)) continue;
+    fs::copy_file(src / name, out / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Internal((out / name).string() + ": copy failed (" + ec.message() + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace slide

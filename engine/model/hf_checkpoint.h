@@ -1,0 +1,43 @@
+// Hugging Face model directories: load weights into per-unit flat buffers, and export them back.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+#include "engine/model/config.h"
+#include "engine/model/param_layout.h"
+
+namespace slide {
+
+// A model's parameters: one flat 1-D buffer per unit (same dtype and device for all).
+struct ModelParams {
+  ModelLayout layout;
+  std::vector<at::Tensor> units;  // units[i] has layout.units[i].numel elements
+
+  at::Tensor Param(size_t unit, const std::string& local) const;
+  // (HF name, view) for every parameter, in layout order.
+  std::vector<std::pair<std::string, at::Tensor>> Named() const;
+  ModelParams To(at::TensorOptions options) const;  // a deep copy
+};
+
+ModelParams ZeroParams(const ModelLayout& layout, at::TensorOptions options);
+
+// Reads model.safetensors or a sharded checkpoint (model.safetensors.index.json) from `model_dir`,
+// checking every tensor's presence and shape against `cfg`. Values are converted to `dtype`.
+StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype);
+
+struct ExportOptions {
+  c10::ScalarType dtype = c10::kBFloat16;
+  int64_t max_shard_bytes = 5ll << 30;  // larger models are written as shards plus an index
+};
+
+// Writes a directory `from_pretrained` loads: config.json (from `source_model_dir`, dtype updated),
+// safetensors weights, and the tokenizer/generation files found in `source_model_dir`.
+Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_model_dir, const ModelParams& params,
+                          const ExportOptions& options = {});
+
+}  // namespace slide

@@ -1,0 +1,164 @@
+#include "engine/model/transformer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "engine/model/lm_head_loss.h"
+
+namespace slide {
+namespace {
+
+at::Tensor P(const UnitLayout& layout, const at::Tensor& flat, const char* local) {
+  const ParamSpec* spec = layout.Find(local);
+  return spec == nullptr ? at::Tensor() : ParamView(*spec, flat);
+}
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& rope) {  // x [B, heads, S, D]
+  return x * rope.cos + RotateHalf(x) * rope.sin;
+}
+
+}  // namespace
+
+at::Tensor RopeInverseFrequencies(const ModelConfig& cfg) {
+  const int64_t dim = cfg.head_dim;
+  at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  at::Tensor inv_freq = at::pow(cfg.rope_theta, exponent).reciprocal();
+  switch (cfg.rope_scaling) {
+    case RopeScaling::kNone:
+      return inv_freq;
+    case RopeScaling::kLinear:
+      return inv_freq / cfg.rope_factor;
+    case RopeScaling::kLlama3: {
+      // Llama 3.1: long wavelengths divided by `factor`, short kept, the band between interpolated.
+      const double old_ctx = static_cast<double>(cfg.rope_original_max_positions);
+      const double low_wavelen = old_ctx / cfg.rope_low_freq_factor;
+      const double high_wavelen = old_ctx / cfg.rope_high_freq_factor;
+      at::Tensor wavelen = 2 * M_PI / inv_freq;
+      at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / cfg.rope_factor, inv_freq);
+      at::Tensor smooth =
+          (old_ctx / wavelen - cfg.rope_low_freq_factor) / (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor);
+      at::Tensor smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled;
+      at::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+      return at::where(medium, smoothed, scaled);
+    }
+  }
+  return inv_freq;
+}
+
+RopeTables BuildRopeTables(const ModelConfig& cfg, int64_t seq_len, at::TensorOptions options) {
+  at::Tensor positions = at::arange(seq_len, at::kLong).to(at::kFloat);
+  at::Tensor freqs = positions.unsqueeze(1) * RopeInverseFrequencies(cfg).unsqueeze(0);  // [S, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);                                          // [S, D]
+  return {emb.cos().to(options), emb.sin().to(options)};
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor EmbeddingForward(const UnitLayout& layout, const at::Tensor& flat, const at::Tensor& ids) {
+  return at::embedding(P(layout, flat, "embed_tokens.weight"), ids);
+}
+
+at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout, const at::Tensor& flat,
+                               const at::Tensor& x, const RopeTables& rope) {
+  const int64_t B = x.size(0), S = x.size(1), D = cfg.head_dim;
+  const double eps = cfg.rms_norm_eps;
+
+  // Attention block.
+  at::Tensor h = RmsNorm(x, P(layout, flat, "input_layernorm.weight"), eps);
+  at::Tensor q = Linear(h, P(layout, flat, "self_attn.q_proj.weight"), P(layout, flat, "self_attn.q_proj.bias"))
+                     .view({B, S, cfg.num_heads, D});
+  at::Tensor k = Linear(h, P(layout, flat, "self_attn.k_proj.weight"), P(layout, flat, "self_attn.k_proj.bias"))
+                     .view({B, S, cfg.num_kv_heads, D});
+  at::Tensor v = Linear(h, P(layout, flat, "self_attn.v_proj.weight"), P(layout, flat, "self_attn.v_proj.bias"))
+                     .view({B, S, cfg.num_kv_heads, D})
+                     .transpose(1, 2);
+  if (cfg.qk_norm) {
+    q = RmsNorm(q, P(layout, flat, "self_attn.q_norm.weight"), eps);
+    k = RmsNorm(k, P(layout, flat, "self_attn.k_norm.weight"), eps);
+  }
+  q = ApplyRope(q.transpose(1, 2), rope);  // [B, heads, S, D]
+  k = ApplyRope(k.transpose(1, 2), rope);
+
+  std::optional<at::Tensor> mask;
+  bool causal = true;
+  if (cfg.sliding_window && S > *cfg.sliding_window) {
+    // Position i sees j with i - window < j <= i.
+    at::Tensor i = at::arange(S, x.options().dtype(at::kLong)).unsqueeze(1);
+    at::Tensor j = at::arange(S, x.options().dtype(at::kLong)).unsqueeze(0);
+    mask = j.le(i).logical_and(i.sub(j).lt(*cfg.sliding_window));
+    causal = false;
+  }
+  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, 1.0 / std::sqrt(double(D)),
+                                                     /*enable_gqa=*/cfg.num_heads != cfg.num_kv_heads);
+  attn = attn.transpose(1, 2).reshape({B, S, cfg.q_dim()});
+  at::Tensor x1 =
+      x + Linear(attn, P(layout, flat, "self_attn.o_proj.weight"), P(layout, flat, "self_attn.o_proj.bias"));
+
+  // MLP block: down(silu(gate(h)) * up(h)).
+  h = RmsNorm(x1, P(layout, flat, "post_attention_layernorm.weight"), eps);
+  at::Tensor gate = Linear(h, P(layout, flat, "mlp.gate_proj.weight"), P(layout, flat, "mlp.gate_proj.bias"));
+  at::Tensor up = Linear(h, P(layout, flat, "mlp.up_proj.weight"), P(layout, flat, "mlp.up_proj.bias"));
+  return x1 +
+         Linear(at::silu(gate) * up, P(layout, flat, "mlp.down_proj.weight"), P(layout, flat, "mlp.down_proj.bias"));
+}
+
+at::Tensor LmHeadWeight(const ModelLayout& layout, const at::Tensor& embed_flat, const at::Tensor& head_flat) {
+  if (layout.tied_embeddings) return P(layout.embed(), embed_flat, "embed_tokens.weight");
+  return P(layout.head(), head_flat, "lm_head.weight");
+}
+
+at::Tensor HeadLoss(const ModelConfig& cfg, const UnitLayout& head_layout, const at::Tensor& head_flat,
+                    const at::Tensor& lm_head_weight, const at::Tensor& x, const at::Tensor& targets, double normalizer,
+                    const LossOptions& options) {
+  at::Tensor h = RmsNorm(x, P(head_layout, head_flat, "model.norm.weight"), cfg.rms_norm_eps);
+  return ChunkedLmHeadCrossEntropy(h.reshape({-1, cfg.hidden_size}), lm_head_weight, targets.reshape({-1}), normalizer,
+                                   options.chunk_tokens);
+}
+
+at::Tensor HeadLogits(const ModelConfig& cfg, const UnitLayout& head_layout, const at::Tensor& head_flat,
+                      const at::Tensor& lm_head_weight, const at::Tensor& x) {
+  at::Tensor h = RmsNorm(x, P(head_layout, head_flat, "model.norm.weight"), cfg.rms_norm_eps);
+  return at::matmul(h, lm_head_weight.t()).to(at::kFloat);
+}
+
+namespace {
+at::Tensor TrunkForward(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids) {
+  const ModelLayout& L = params.layout;
+  at::Tensor x = EmbeddingForward(L.embed(), params.units.front(), ids);
+  RopeTables rope = BuildRopeTables(cfg, ids.size(1), x.options());
+  for (int64_t i = 0; i < L.num_layers(); ++i) x = DecoderLayerForward(cfg, L.layer(i), params.units[1 + i], x, rope);
+  return x;
+}
+}  // namespace
+
+at::Tensor ModelLoss(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
+                     const at::Tensor& targets, double normalizer, const LossOptions& options) {
+  at::Tensor x = TrunkForward(cfg, params, ids);
+  const ModelLayout& L = params.layout;
+  return HeadLoss(cfg, L.head(), params.units.back(), LmHeadWeight(L, params.units.front(), params.units.back()), x,
+                  targets, normalizer, options);
+}
+
+at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids) {
+  at::Tensor x = TrunkForward(cfg, params, ids);
+  const ModelLayout& L = params.layout;
+  return HeadLogits(cfg, L.head(), params.units.back(), LmHeadWeight(L, params.units.front(), params.units.back()), x);
+}
+
+int64_t CountValidTargets(const at::Tensor& targets) { return targets.ne(kIgnoreIndex).sum().item<int64_t>(); }
+
+}  // namespace slide

@@ -1,0 +1,57 @@
+#include "tests/support/fixtures.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace slide::testing {
+
+std::string FixturePath(const std::string& relative) { return std::string(SLIDE_FIXTURES_DIR) + "/" + relative; }
+
+const std::vector<std::string>& FixtureArchitectures() {
+  static const std::vector<std::string> names = {"llama3", "llama32", "qwen2", "qwen3", "mistral"};
+  return names;
+}
+
+ModelFixture ModelFixture::Load(const std::string& name) {
+  ModelFixture f;
+  f.name = name;
+  f.dir = FixturePath("models/" + name);
+  f.config = ValueOrDie(LoadHfConfig(f.dir));
+  f.reference = ValueOrDie(SafetensorsFile::Open(f.dir + "/reference.safetensors"));
+  std::ifstream in(f.dir + "/training.json");
+  f.training = nlohmann::json::parse(in);
+  return f;
+}
+
+at::Tensor ModelFixture::Ref(const std::string& tensor) const {
+  const SafetensorsEntry* e = reference->Find(tensor);
+  if (e == nullptr) throw std::runtime_error("fixture " + name + " has no tensor " + tensor);
+  return reference->View(*e).clone();
+}
+
+TensorDiff Compare(const at::Tensor& actual, const at::Tensor& expected) {
+  at::Tensor a = actual.detach().to(at::kDouble).cpu(), b = expected.detach().to(at::kDouble).cpu();
+  EXPECT_EQ(a.sizes(), b.sizes());
+  TensorDiff d;
+  d.max_abs = (a - b).abs().max().item<double>();
+  d.ref_scale = std::max(b.abs().max().item<double>(), 1e-30);
+  d.rel = d.max_abs / d.ref_scale;
+  d.norm_rel = (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
+  return d;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "slide-test-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace slide::testing

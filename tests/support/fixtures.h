@@ -1,0 +1,66 @@
+// Helpers shared by tests: fixture paths, the Hugging Face reference files, tensor comparison, temp dirs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
+
+namespace slide::testing {
+
+std::string FixturePath(const std::string& relative);
+
+// One architecture's parity fixture: tests/fixtures/models/<name>/ written by scripts/make_model_fixtures.py.
+struct ModelFixture {
+  std::string name;
+  std::string dir;
+  ModelConfig config;
+  std::shared_ptr<SafetensorsFile> reference;
+  nlohmann::json training;
+
+  static ModelFixture Load(const std::string& name);
+  at::Tensor Ref(const std::string& tensor) const;  // a private copy of reference.safetensors[tensor]
+};
+
+const std::vector<std::string>& FixtureArchitectures();
+
+// max |a - b|, max |b|, and their ratio (relative to the reference's scale).
+struct TensorDiff {
+  double max_abs = 0;
+  double ref_scale = 0;
+  double rel = 0;       // max_abs / ref_scale
+  double norm_rel = 0;  // ||a - b|| / ||b||
+};
+TensorDiff Compare(const at::Tensor& actual, const at::Tensor& expected);
+
+// A fresh directory under the system temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Fails the test with the status message when not OK.
+#define ASSERT_OK(expr)                                \
+  do {                                                 \
+    auto slide_s_ = (expr);                            \
+    ASSERT_TRUE(slide_s_.ok()) << slide_s_.ToString(); \
+  } while (0)
+
+template <typename T>
+T ValueOrDie(StatusOr<T> v) {
+  if (!v.ok()) throw std::runtime_error(v.status().ToString());
+  return std::move(v).value();
+}
+
+}  // namespace slide::testing

@@ -1,0 +1,65 @@
+// The chunked LM head + cross-entropy equals the plain full-logits formulation, for any chunk size.
+#include "engine/model/lm_head_loss.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/fixtures.h"
+
+namespace slide {
+namespace {
+
+struct Result {
+  at::Tensor loss, grad_h, grad_w;
+};
+
+Result RunLoss(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& targets, double norm, int64_t chunk) {
+  at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  at::Tensor loss;
+  if (chunk == 0) {  // reference: full logits, sum-reduced CE with ignore index
+    loss = at::cross_entropy_loss(at::matmul(h, w.t()).to(at::kFloat), targets, {}, at::Reduction::Sum, -100) / norm;
+  } else {
+    loss = ChunkedLmHeadCrossEntropy(h, w, targets, norm, chunk);
+  }
+  (loss * 3.0).backward();  // a non-unit upstream gradient exercises backward's scaling
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+TEST(ChunkedLmHeadCe, MatchesFullLogitsForEveryChunkSize) {
+  at::manual_seed(0);
+  const int64_t n = 37, hidden = 16, vocab = 50;
+  at::Tensor h = at::randn({n, hidden}), w = at::randn({vocab, hidden}) * 0.3;
+  at::Tensor t = at::randint(0, vocab, {n}, at::kLong);
+  t.index_put_({at::tensor({0, 5, 6, 36})}, -100);
+  Result ref = RunLoss(h, w, t, 33.0, 0);
+  for (int64_t chunk : {1, 7, 36, 37, 1000}) {
+    Result got = RunLoss(h, w, t, 33.0, chunk);
+    EXPECT_LE(testing::Compare(got.loss, ref.loss).rel, 1e-6) << "chunk " << chunk;
+    EXPECT_LE(testing::Compare(got.grad_h, ref.grad_h).rel, 1e-5) << "chunk " << chunk;
+    EXPECT_LE(testing::Compare(got.grad_w, ref.grad_w).rel, 1e-5) << "chunk " << chunk;
+  }
+}
+
+TEST(ChunkedLmHeadCe, IgnoredTokensGetNoGradient) {
+  at::Tensor h = at::randn({4, 8}), w = at::randn({10, 8});
+  at::Tensor t = at::tensor({3, -100, 2, -100}, at::kLong);
+  Result r = RunLoss(h, w, t, 2.0, 3);
+  EXPECT_EQ(r.grad_h[1].abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(r.grad_h[3].abs().sum().item<float>(), 0.0f);
+  EXPECT_GT(r.grad_h[0].abs().sum().item<float>(), 0.0f);
+}
+
+TEST(ChunkedLmHeadCe, Bf16StaysCloseToFp32) {
+  at::manual_seed(1);
+  at::Tensor h = at::randn({64, 32}), w = at::randn({100, 32}) * 0.2;
+  at::Tensor t = at::randint(0, 100, {64}, at::kLong);
+  Result f = RunLoss(h, w, t, 64.0, 16);
+  Result b = RunLoss(h.to(at::kBFloat16), w.to(at::kBFloat16), t, 64.0, 16);
+  EXPECT_EQ(b.grad_w.scalar_type(), at::kBFloat16);
+  EXPECT_LE(testing::Compare(b.loss, f.loss).rel, 1e-2);
+  EXPECT_LE(testing::Compare(b.grad_h, f.grad_h).norm_rel, 2e-2);
+  EXPECT_LE(testing::Compare(b.grad_w, f.grad_w).norm_rel, 2e-2);
+}
+
+}  // namespace
+}  // namespace slide
