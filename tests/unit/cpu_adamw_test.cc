@@ -1,0 +1,127 @@
+// The fused CPU AdamW against the ATen reference (torch.optim.AdamW arithmetic) at odd sizes, for every SIMD
+// level this CPU has, bf16 and fp32 gradients, several consecutive steps, and exact bf16 rounding.
+#include "engine/optim/cpu_adamw.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "tests/support/fixtures.h"
+
+namespace slide {
+namespace {
+
+std::vector<SimdLevel> LevelsHere() {
+  std::vector<SimdLevel> levels = {SimdLevel::kScalar};
+  SimdLevel best = DetectSimdLevel();
+  if (best == SimdLevel::kAvx2 || best == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx2);
+  if (best == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
+  return levels;
+}
+
+struct State {
+  at::Tensor p, m, v;
+};
+
+void CheckSize(int64_t n, SimdLevel level, bool bf16_grads, int threads) {
+  at::manual_seed(n);
+  AdamWStepArgs args;
+  args.hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  args.grad_scale = 0.7f;
+  State ours{at::randn({n}), at::zeros({n}), at::zeros({n})};
+  State ref{ours.p.clone(), ours.m.clone(), ours.v.clone()};
+  at::Tensor out = at::empty({n}, at::kBFloat16);
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    at::Tensor g = at::randn({n}) * 0.01;
+    if (step == 2) g.narrow(0, 0, n / 2).zero_();  // zero gradients: pure decay + momentum
+    at::Tensor g_bf16 = g.to(at::kBFloat16);
+    AdamWSpan span{ours.p.data_ptr<float>(),
+                   ours.m.data_ptr<float>(),
+                   ours.v.data_ptr<float>(),
+                   nullptr,
+                   nullptr,
+                   reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                   n};
+    if (bf16_grads) {
+      span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g_bf16.data_ptr());
+    } else {
+      span.grad_f32 = g.data_ptr<float>();
+    }
+    CpuAdamW(span, args, level, threads);
+    at::Tensor g_ref = (bf16_grads ? g_bf16.to(at::kFloat) : g) * args.grad_scale;
+    AdamWHyper hp = args.hp;
+    AdamWReferenceStep(ref.p, g_ref, ref.m, ref.v, hp, step);
+
+    const std::string where = std::string(SimdLevelName(level)) + " n=" + std::to_string(n) + " step " +
+                              std::to_string(step) + (bf16_grads ? " bf16" : " fp32");
+    // Float rounding only: each step may round the decay, the moments and the final subtraction differently
+    // (FMA contraction, operation order), about 1 ulp each of the weight and of the update (<= lr); over 3
+    // steps at most ~5 ulps (6e-7 relative) of |weight| + lr.
+    EXPECT_LE(testing::Compare(ours.m, ref.m).rel, 1e-6) << where;
+    EXPECT_LE(testing::Compare(ours.v, ref.v).rel, 1e-6) << where;
+    at::Tensor excess = (ours.p - ref.p).abs() - 6e-7 * (ref.p.abs() + args.hp.lr);
+    EXPECT_LE(excess.max().item<double>(), 0.0) << where;
+    // The bf16 copy is exactly the new master rounded to nearest even (c10's rounding).
+    EXPECT_TRUE(at::equal(out, ours.p.to(at::kBFloat16))) << where;
+  }
+}
+
+TEST(CpuAdamW, MatchesReferenceAtOddSizes) {
+  for (SimdLevel level : LevelsHere()) {
+    for (int64_t n : {1, 15, 22, 1025, (1 << 16) + 3, (1 << 20) + 7}) {
+      CheckSize(n, level, /*bf16_grads=*/true, /*threads=*/2);
+      CheckSize(n, level, /*bf16_grads=*/false, /*threads=*/1);
+    }
+  }
+}
+
+TEST(CpuAdamW, Bf16RoundingOfSpecialValues) {
+  // Values chosen to hit ties, carries into the exponent, infinities and NaN through the update's output.
+  const float values[] = {1.0f,
+                          1.00390625f,
+                          1.01171875f,
+                          -3.5f,
+                          65504.0f,
+                          3.3895314e38f,
+                          std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          1e-40f,
+                          -0.0f,
+                          0.1f,
+                          2.7182817f,
+                          1.0f,
+                          -1.0f,
+                          5.0f,
+                          6.0f,
+                          7.0f};
+  const int64_t n = sizeof(values) / sizeof(values[0]);
+  for (SimdLevel level : LevelsHere()) {
+    at::Tensor p = at::from_blob(const_cast<float*>(values), {n}).clone();
+    at::Tensor m = at::zeros({n}), v = at::zeros({n}), g = at::zeros({n});
+    at::Tensor out = at::empty({n}, at::kBFloat16);
+    AdamWStepArgs args;  // zero gradient, zero decay: the weight passes through unchanged
+    AdamWSpan span{p.data_ptr<float>(),
+                   m.data_ptr<float>(),
+                   v.data_ptr<float>(),
+                   nullptr,
+                   g.data_ptr<float>(),
+                   reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                   n};
+    CpuAdamW(span, args, level, 1);
+    at::Tensor expect = p.to(at::kBFloat16);
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t a = reinterpret_cast<uint16_t*>(out.data_ptr())[i];
+      uint16_t b = reinterpret_cast<uint16_t*>(expect.data_ptr())[i];
+      if (std::isnan(values[i])) {
+        EXPECT_TRUE(std::isnan(c10::BFloat16(a, c10::BFloat16::from_bits()))) << SimdLevelName(level);
+      } else {
+        EXPECT_EQ(a, b) << SimdLevelName(level) << " value " << values[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slide
