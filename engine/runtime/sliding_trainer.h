@@ -1,0 +1,92 @@
+// SlidingTrainer: trains a model whose layers do not all fit on the device. The device holds a window of
+// layer slots plus the embedding and head; fp32 master weights, AdamW moments, the compute-dtype weights the
+// next forward loads, and returned gradients live on the host. A step runs
+//   forward   embedding, then layer i in slot i % window (loaded from the host), keeping each layer's input;
+//   head      final norm + chunked LM head + CE, forward and backward together;
+//   backward  layers in reverse: reload weights, recompute the layer under autograd from its saved input,
+//             backpropagate, return the flat gradient to the host;
+//   update    CPU AdamW per unit on the UpdateWorker thread, as gradients land (no clipping) or, with exact
+//             global-norm clipping, once every unit's norm is in; the next step's forward waits per unit, so
+//             updates overlap the next forward and are never stale.
+// The device may be the CPU itself (tests and CI run the whole schedule that way).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "engine/optim/cpu_adamw.h"
+#include "engine/runtime/reference_trainer.h"
+#include "engine/runtime/update_worker.h"
+
+namespace slide {
+
+struct SlidingOptions {
+  TrainerOptions train;              // optimizer, schedule, clipping, compute dtype (bf16|fp32), device
+  int64_t window = 2;                // layer slots on the device (>= 1)
+  bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
+};
+
+// Seconds each resource was busy in the last step (engine-thread wall time around each kind of work).
+struct ResourceBusy {
+  double compute = 0;
+  double h2d = 0;
+  double d2h = 0;
+  double cpu_update = 0;   // UpdateWorker time: gradient accumulation, norms, AdamW
+  double wait_update = 0;  // engine thread blocked on a unit's update
+  double step = 0;         // wall time of Step()
+};
+
+class SlidingTrainer {
+ public:
+  SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options);
+  ~SlidingTrainer();
+
+  StepStats Step(const std::vector<MicroBatch>& micro_batches);
+
+  // The fp32 master after every posted update has finished (a copy).
+  ModelParams Master();
+  const ResourceBusy& last_busy() const { return busy_; }
+  int64_t steps_taken() const { return step_; }
+  int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
+
+ private:
+  at::Tensor LoadLayer(int64_t layer);  // returns the slot view holding `layer`'s weights
+  void LoadEdgeUnits();                 // embedding and head buffers
+  void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
+  void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
+  at::Tensor Park(const at::Tensor& x, int64_t index);
+  at::Tensor Unpark(const at::Tensor& parked);
+
+  ModelConfig cfg_;
+  ModelLayout layout_;
+  SlidingOptions opts_;
+  at::TensorOptions device_opts_;  // compute dtype on the device
+  bool on_cuda_ = false;
+  SimdLevel simd_;
+  int64_t accum_ = 1;
+
+  // Host state, one flat buffer per unit (see ParamLayout).
+  ModelParams master_, exp_avg_, exp_avg_sq_;
+  std::vector<at::Tensor> staging_;     // compute-dtype weights the forward loads (aliases master_ in fp32)
+  std::vector<at::Tensor> grad_host_;   // last returned gradient, compute dtype
+  std::vector<at::Tensor> grad_accum_;  // fp32 sums over micro-batches (gradient accumulation only)
+  std::vector<double> unit_sqnorm_;     // squared L2 norm of each unit's final gradient
+
+  // Device state.
+  std::vector<at::Tensor> slots_;      // [window] flat buffers sized for the largest layer
+  std::vector<int64_t> slot_layer_;    // layer held by each slot (-1: none)
+  std::vector<int64_t> slot_version_;  // weights version it was loaded at
+  at::Tensor embed_dev_, head_dev_;
+  int64_t edge_version_ = -1;
+  int64_t weights_version_ = 0;  // bumped by every optimizer step
+  std::vector<at::Tensor> parked_host_;
+
+  std::unique_ptr<UpdateWorker> worker_;
+  ResourceBusy busy_;
+  int64_t step_ = 0;
+  int64_t slot_loads_ = 0;
+};
+
+}  // namespace slide
