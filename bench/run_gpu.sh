@@ -18,5 +18,5 @@ grep -E 'PARITY|SLIDING|PASSED|FAILED|SKIPPED' "$OUT/gpu_tests.log" | head -30
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 run() { timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"1x H200, 16 cores\", /" >> "$OUT/bench.jsonl"; }
 run 120 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 5
-for spec in "llama-1b 8" "llama-3b 8" "llama-1b 16"; do run 150 build-gpu/bench/sliding_bench $spec 1024 3 2 cuda; done
+for spec in "llama-1b 8" "llama-1b 16" "llama-3b 8" "llama-3b 16"; do run 150 build-gpu/bench/sliding_bench $spec 1024 3 2 cuda; done
 cat "$OUT/bench.jsonl"; tail -5 "$OUT/bench.err" 2>/dev/null

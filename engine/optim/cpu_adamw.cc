@@ -1,6 +1,7 @@
 #include "engine/optim/cpu_adamw.h"
 
-#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "engine/common/thread_pool.h"
 
 namespace slide {
 namespace {
@@ -186,9 +189,12 @@ void CpuAdamW(const AdamWSpan& span, const AdamWStepArgs& args, SimdLevel level,
   const Constants c = MakeConstants(args);
   auto range = level == SimdLevel::kAvx512 ? Avx512Range : level == SimdLevel::kAvx2 ? Avx2Range : ScalarRange;
   const int64_t tiles = (span.n + kTileElems - 1) / kTileElems;
-  const int64_t grain = threads > 0 ? std::max<int64_t>(1, (tiles + threads - 1) / threads) : 1;
-  at::parallel_for(0, tiles, grain,
-                   [&](int64_t t0, int64_t t1) { range(span, c, t0 * kTileElems, std::min(span.n, t1 * kTileElems)); });
+  auto run_tile = [&](int64_t t) { range(span, c, t * kTileElems, std::min(span.n, (t + 1) * kTileElems)); };
+  if (threads == 1 || tiles == 1) {
+    for (int64_t t = 0; t < tiles; ++t) run_tile(t);
+    return;
+  }
+  ThreadPool::Default().ParallelFor(tiles, run_tile);
 }
 
 }  // namespace slide

@@ -32,7 +32,7 @@ struct AdamWStepArgs {
   float grad_scale = 1.0f;  // multiplies the gradient first (clipping coefficient)
 };
 
-// Updates one span using up to `threads` threads (<= 0: ATen's intra-op thread count).
+// Updates one span: on the calling thread when `threads` == 1, else across ThreadPool::Default().
 void CpuAdamW(const AdamWSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads = 0);
 
 }  // namespace slide

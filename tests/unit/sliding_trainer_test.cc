@@ -75,21 +75,24 @@ void RunEquivalence(const Case& c, c10::Device device) {
   const bool fp32 = c.dtype == c10::kFloat;
   EXPECT_LE(worst_loss, fp32 ? 1e-5 : 1e-3);
   EXPECT_LE(worst_norm, fp32 ? 1e-5 : 3e-2);
+  // Weight updates (final - initial) per tensor. fp32: largest elementwise difference relative to the largest
+  // update, as in reference_trainer_test (gradients at fp32 noise, e.g. k_proj biases, let Adam's
+  // m / sqrt(v) differ by ~1e-3 there). bf16: single elements can diverge after a flipped bf16 rounding or a
+  // nondeterministic GPU reduction, so the bf16 check is on the whole tensor: ||diff|| / ||update||.
   double worst_update = 0;
   ModelParams got = slide.Master();
   auto a = ref.master().Named(), b = got.Named(), i0 = params.Named();
   for (size_t k = 0; k < a.size(); ++k) {
     auto d = Compare(b[k].second - i0[k].second.to(b[k].second.device()), a[k].second.cpu() - i0[k].second);
-    worst_update = std::max(worst_update, d.rel);
-    // Updates relative to the largest update in the tensor, as in reference_trainer_test: gradients at fp32
-    // noise (k_proj biases) let Adam's m / sqrt(v) differ by ~1e-3 there even in fp32.
-    EXPECT_LE(d.rel, fp32 ? 1e-2 : 5e-2) << a[k].first;
+    const double err = fp32 ? d.rel : d.norm_rel;
+    worst_update = std::max(worst_update, err);
+    EXPECT_LE(err, fp32 ? 1e-2 : 5e-2) << a[k].first;
   }
   std::printf(
       "SLIDING %-8s %s window %lld accum %lld clip %.1f: loss rel %.2e, grad-norm rel %.2e, weight "
-      "updates rel %.2e over 20 steps\n",
+      "updates %s %.2e over 20 steps\n",
       c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.accum,
-      c.max_grad_norm, worst_loss, worst_norm, worst_update);
+      c.max_grad_norm, worst_loss, worst_norm, fp32 ? "max-rel" : "norm-rel", worst_update);
 }
 
 TEST(SlidingTrainer, EqualsReferenceFp32WithAccumulationAndClipping) {

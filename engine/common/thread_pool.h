@@ -1,0 +1,47 @@
+// ThreadPool: a fixed set of worker threads for data-parallel CPU loops (the optimizer update). Our own pool
+// rather than at::parallel_for: ATen's OpenMP loop is a header template that runs serially in translation
+// units built without -fopenmp, and a second OpenMP runtime beside LibTorch's bundled one is unsafe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace slide {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // `threads` - 1 workers; the caller is the last thread
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Runs fn(i) for every i in [0, n), spread over the pool; returns when all calls have finished.
+  // Concurrent callers are served one after another.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Process-wide pool sized to the machine (SLIDE_CPU_THREADS overrides).
+  static ThreadPool& Default();
+
+ private:
+  void WorkerLoop();
+  void RunTasks();
+
+  std::mutex call_mu_;  // one ParallelFor at a time
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<int64_t> next_{0};
+  int64_t finished_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace slide

@@ -1,0 +1,34 @@
+#include "engine/common/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace slide {
+namespace {
+
+TEST(ThreadPool, RunsEveryIndexExactlyOnce) {
+  ThreadPool pool(4);
+  for (int64_t n : {0, 1, 3, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, [&](int64_t i) { hits[i].fetch_add(1); });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(ThreadPool, ConcurrentCallersAreServedInTurn) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&] {
+      for (int r = 0; r < 50; ++r) pool.ParallelFor(100, [&](int64_t i) { total.fetch_add(i); });
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 4 * 50 * 4950);
+}
+
+}  // namespace
+}  // namespace slide
