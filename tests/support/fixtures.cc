@@ -2,8 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <ftw.h>
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
 namespace slide::testing {
@@ -44,14 +45,18 @@ TensorDiff Compare(const at::Tensor& actual, const at::Tensor& expected) {
 }
 
 TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "slide-test-XXXXXX").string();
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/slide-test-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
   path_ = tmpl;
 }
 
+// POSIX rather than std::filesystem::remove_all: LibTorch's libraries carry their own std::filesystem, and
+// on some hosts its remove_all is the definition the loader binds (a crash on the GPU box).
 TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  nftw(
+      path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace slide::testing
