@@ -23,7 +23,8 @@ ThreadPool& ThreadPool::Default() {
       int n = std::atoi(env);
       if (n > 0) return n;
     }
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // One core stays free for the engine thread, which launches the device work.
+    return static_cast<int>(std::max(2u, std::thread::hardware_concurrency()) - 1);
   }());
   return pool;
 }

@@ -25,7 +25,7 @@ class ThreadPool {
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Process-wide pool sized to the machine (SLIDE_CPU_THREADS overrides).
+  // Process-wide pool: all cores but one (SLIDE_CPU_THREADS overrides).
   static ThreadPool& Default();
 
  private:

@@ -19,10 +19,38 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+const char* ResourceBusy::Bound() const {
+  const char* name = "gpu_compute";
+  double most = compute;
+  if (h2d > most) name = "h2d", most = h2d;
+  if (d2h > most) name = "d2h", most = d2h;
+  if (cpu_update > most) name = "cpu_update";
+  return name;
+}
 
 SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options)
     : cfg_(std::move(cfg)), layout_(master_fp32.layout), opts_(std::move(options)), simd_(DetectSimdLevel()) {
+  master_ = master_fp32.To(at::TensorOptions().dtype(at::kFloat));
+  Init();
+}
+
+SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options)
+    : cfg_(std::move(cfg)), layout_(master_fp32.layout), opts_(std::move(options)), simd_(DetectSimdLevel()) {
+  bool adoptable = true;
+  for (const auto& t : master_fp32.units)
+    adoptable = adoptable && t.scalar_type() == at::kFloat && t.is_cpu() && t.is_contiguous();
+  master_ = adoptable ? std::move(master_fp32) : master_fp32.To(at::TensorOptions().dtype(at::kFloat));
+  Init();
+}
+
+void SlidingTrainer::Init() {
   const auto dtype = opts_.train.compute_dtype;
   TORCH_CHECK(dtype == c10::kBFloat16 || dtype == c10::kFloat, "sliding trainer computes in bf16 or fp32");
   TORCH_CHECK(opts_.window >= 1, "window must be at least 1 slot");
@@ -31,20 +59,17 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, 
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
   const auto host_compute = at::TensorOptions().dtype(dtype).pinned_memory(on_cuda_);
 
-  master_ = master_fp32.To(host_f32);
   exp_avg_ = ZeroParams(layout_, host_f32);
   exp_avg_sq_ = ZeroParams(layout_, host_f32);
   const size_t n_units = layout_.units.size();
   unit_sqnorm_.assign(n_units, 0.0);
   for (size_t u = 0; u < n_units; ++u) {
-    const int64_t numel = layout_.units[u].numel;
     if (dtype == c10::kFloat && !on_cuda_) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
     } else {
-      staging_.push_back(at::empty({numel}, host_compute));
+      staging_.push_back(at::empty({layout_.units[u].numel}, host_compute));
       staging_.back().copy_(master_.units[u]);
     }
-    grad_host_.push_back(at::empty({numel}, host_compute));
   }
 
   int64_t slot_numel = 0;
@@ -54,28 +79,28 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, 
   slot_version_.assign(opts_.window, -1);
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
+  queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
   worker_ = std::make_unique<UpdateWorker>(n_units);
 }
 
 SlidingTrainer::~SlidingTrainer() { worker_->WaitAll(); }
 
-at::Tensor SlidingTrainer::LoadLayer(int64_t layer) {
+// Slots 0..window-1 hold layers (layer i in slot i % window); slot `window` the embedding, window+1 the head.
+at::Tensor SlidingTrainer::SlotView(int64_t layer) {
+  return slots_[layer % opts_.window].narrow(0, 0, layout_.layer(layer).numel);
+}
+
+void SlidingTrainer::EnsureLoaded(int64_t layer) {
   const int64_t w = layer % opts_.window;
-  const int64_t numel = layout_.layer(layer).numel;
-  at::Tensor view = slots_[w].narrow(0, 0, numel);
-  if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return view;
+  if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
   {
     ScopedTimer t(busy_.wait_update);
     worker_->Wait(1 + layer);
   }
-  {
-    ScopedTimer t(busy_.h2d);
-    view.copy_(staging_[1 + layer]);
-  }
+  queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer]);
   slot_layer_[w] = layer;
   slot_version_[w] = weights_version_;
   ++slot_loads_;
-  return view;
 }
 
 void SlidingTrainer::LoadEdgeUnits() {
@@ -86,9 +111,9 @@ void SlidingTrainer::LoadEdgeUnits() {
     worker_->Wait(0);
     worker_->Wait(head);
   }
-  ScopedTimer t(busy_.h2d);
-  embed_dev_.copy_(staging_[0]);
-  head_dev_.copy_(staging_[head]);
+  const int embed_slot = static_cast<int>(opts_.window), head_slot = embed_slot + 1;
+  queue_->LoadSlot(embed_slot, embed_dev_, staging_[0]);
+  queue_->LoadSlot(head_slot, head_dev_, staging_[head]);
   edge_version_ = weights_version_;
   slot_loads_ += 2;
 }
@@ -99,48 +124,63 @@ at::Tensor SlidingTrainer::Park(const at::Tensor& x, int64_t index) {
   at::Tensor& host = parked_host_[index];
   if (!host.defined() || host.sizes() != x.sizes())
     host = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
-  ScopedTimer t(busy_.d2h);
-  host.copy_(x);
+  host.copy_(x);  // synchronous for now: parking on the host is off by default
   return host;
 }
 
 at::Tensor SlidingTrainer::Unpark(const at::Tensor& parked) {
   if (parked.device() == opts_.train.device) return parked;
-  ScopedTimer t(busy_.h2d);
   return parked.to(opts_.train.device);
 }
 
+// With bf16 compute and no accumulation a unit's gradient lands in its own staging buffer: the staging
+// weights are not read again until the update has overwritten them with the new weights (AdamW reads the
+// gradient and writes the bf16 weight element by element in place). Saves 2 bytes per parameter.
+at::Tensor SlidingTrainer::LandingBuffer(size_t unit) {
+  const bool in_staging = accum_ == 1 && staging_[unit].data_ptr() != master_.units[unit].data_ptr();
+  if (in_staging) return staging_[unit];
+  if (grad_host_.empty()) {
+    const auto host_compute = at::TensorOptions().dtype(opts_.train.compute_dtype).pinned_memory(on_cuda_);
+    for (const auto& u : layout_.units) grad_host_.push_back(at::empty({u.numel}, host_compute));
+  }
+  return grad_host_[unit];
+}
+
 void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last) {
+  const bool accumulate = accum_ > 1;
+  if (last && !accumulate)
+    device_sqnorm_.push_back(at::linalg_vector_norm(device_grad, 2, {}, false, at::kFloat).square());
   {
     ScopedTimer t(busy_.wait_update);
-    worker_->Wait(unit);  // the previous micro-batch's accumulation may still read grad_host_[unit]
+    worker_->Wait(unit);  // the previous micro-batch's accumulation may still read the landing buffer
   }
-  {
-    ScopedTimer t(busy_.d2h);
-    grad_host_[unit].copy_(device_grad);
+  at::Tensor landing = LandingBuffer(unit);
+  auto landed = queue_->Offload(landing, device_grad);
+  if (!accumulate) {
+    worker_->Post(unit, std::move(landed));
+    return;
   }
-  const bool accumulate = accum_ > 1;
-  worker_->Post(unit, [this, unit, first, last, accumulate] {
-    at::Tensor src = grad_host_[unit];
-    if (accumulate) {
-      if (first) {
-        grad_accum_[unit].copy_(src);
-      } else {
-        grad_accum_[unit].add_(src);
-      }
-      src = grad_accum_[unit];
+  worker_->Post(unit, [this, unit, first, last, landing, landed] {
+    landed();
+    const int64_t t0 = NowNs();
+    if (first) {
+      grad_accum_[unit].copy_(landing);
+    } else {
+      grad_accum_[unit].add_(landing);
     }
     if (last) {
-      const double norm = at::linalg_vector_norm(src, 2, {}, false, at::kFloat).item<double>();
+      const double norm = at::linalg_vector_norm(grad_accum_[unit], 2, {}, false, at::kFloat).item<double>();
       unit_sqnorm_[unit] = norm * norm;
     }
+    update_ns_ += NowNs() - t0;
   });
 }
 
 void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_t step) {
-  worker_->Post(unit, [this, unit, lr, grad_scale, step] {
-    const bool f32_grad = accum_ > 1 || opts_.train.compute_dtype == c10::kFloat;
-    const at::Tensor& grad = accum_ > 1 ? grad_accum_[unit] : grad_host_[unit];
+  const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
+  worker_->Post(unit, [this, unit, lr, grad_scale, step, grad] {
+    const int64_t t0 = NowNs();
+    const bool f32_grad = grad.scalar_type() == at::kFloat;
     const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;
     const bool copy_f32 = !write_bf16 && staging_[unit].data_ptr() != master_.units[unit].data_ptr();
     AdamWStepArgs args;
@@ -165,6 +205,7 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
       CpuAdamW(span, a, simd_);
     }
     if (copy_f32) staging_[unit].copy_(master_.units[unit]);
+    update_ns_ += NowNs() - t0;
   });
 }
 
@@ -172,8 +213,8 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   std::string pending_error = worker_->TakeError();
   TORCH_CHECK(pending_error.empty(), "optimizer update failed: ", pending_error);
-  const double update_before = worker_->busy_seconds();
   busy_ = ResourceBusy{};
+  const int64_t update_ns_before = update_ns_.load();
   ScopedTimer step_timer(busy_.step);
 
   accum_ = static_cast<int64_t>(micro_batches.size());
@@ -185,8 +226,11 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
   const bool clip = opts_.train.max_grad_norm > 0;
   const double lr = opts_.train.schedule.At(step_);
-  const int64_t L = layout_.num_layers();
+  const int64_t L = layout_.num_layers(), W = opts_.window;
   const size_t head_unit = layout_.units.size() - 1;
+  const int embed_slot = static_cast<int>(W), head_slot = embed_slot + 1;
+  device_sqnorm_.clear();
+  at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
 
   LoadEdgeUnits();
   for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
@@ -195,20 +239,26 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     at::Tensor targets = micro_batches[mb].targets.to(opts_.train.device);
     RopeTables rope = BuildRopeTables(cfg_, ids.size(1), device_opts_);
 
-    // Forward without autograd, keeping each layer's input.
+    // Forward without autograd, keeping each layer's input; W-1 layers load ahead of the one computing.
     std::vector<at::Tensor> parked(L);
     at::Tensor x;
     {
       at::AutoGradMode no_grad(false);
-      {
-        ScopedTimer t(busy_.compute);
-        x = EmbeddingForward(layout_.embed(), embed_dev_, ids);
-      }
+      queue_->UseSlot(embed_slot);
+      queue_->BeginCompute();
+      x = EmbeddingForward(layout_.embed(), embed_dev_, ids);
+      queue_->EndCompute();
+      for (int64_t i = 0; i < std::min(W, L); ++i) EnsureLoaded(i);
       for (int64_t i = 0; i < L; ++i) {
         parked[i] = Park(x, i);
-        at::Tensor w = LoadLayer(i);
-        ScopedTimer t(busy_.compute);
-        x = DecoderLayerForward(cfg_, layout_.layer(i), w, x, rope);
+        EnsureLoaded(i);
+        const int w = static_cast<int>(i % W);
+        queue_->UseSlot(w);
+        queue_->BeginCompute();
+        x = DecoderLayerForward(cfg_, layout_.layer(i), SlotView(i), x, rope);
+        queue_->EndCompute();
+        queue_->ReleaseSlot(w);
+        if (i + W < L) EnsureLoaded(i + W);
       }
     }
 
@@ -218,58 +268,72 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     at::Tensor dx;
     {
       at::Tensor xl = x.detach().requires_grad_(true);
-      ScopedTimer t(busy_.compute);
+      queue_->UseSlot(head_slot);
+      queue_->BeginCompute();
       at::Tensor loss = HeadLoss(cfg_, layout_.head(), head_leaf, LmHeadWeight(layout_, embed_leaf, head_leaf), xl,
                                  targets, normalizer, opts_.train.loss);
       loss.backward();
-      stats.loss += loss.item<double>();
+      loss_sum.add_(loss.detach());
       dx = xl.grad();
+      queue_->EndCompute();
     }
     LandGrad(head_unit, head_leaf.grad(), first, last);
     if (last && !clip) PostUpdate(head_unit, lr, 1.0f, step_ + 1);
 
     // Backward through the layers in reverse, recomputing each from its saved input.
     for (int64_t i = L - 1; i >= 0; --i) {
-      at::Tensor w = LoadLayer(i).detach().requires_grad_(true);
+      EnsureLoaded(i);
+      const int w = static_cast<int>(i % W);
+      at::Tensor weights = SlotView(i).detach().requires_grad_(true);
       at::Tensor xi = Unpark(parked[i]).detach().requires_grad_(true);
-      {
-        ScopedTimer t(busy_.compute);
-        at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), w, xi, rope);
-        y.backward(dx);
-        dx = xi.grad();
-      }
+      queue_->UseSlot(w);
+      queue_->BeginCompute();
+      at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
+      y.backward(dx);
+      dx = xi.grad();
+      queue_->EndCompute();
+      queue_->ReleaseSlot(w);
       parked[i] = at::Tensor();
-      LandGrad(1 + i, w.grad(), first, last);
+      if (i - W >= 0) EnsureLoaded(i - W);
+      LandGrad(1 + i, weights.grad(), first, last);
       if (last && !clip) PostUpdate(1 + i, lr, 1.0f, step_ + 1);
     }
 
     // Embedding backward; with tied weights embed_leaf already holds the LM head's share.
-    {
-      ScopedTimer t(busy_.compute);
-      at::Tensor x0 = EmbeddingForward(layout_.embed(), embed_leaf, ids);
-      x0.backward(dx);
-    }
+    queue_->BeginCompute();
+    at::Tensor x0 = EmbeddingForward(layout_.embed(), embed_leaf, ids);
+    x0.backward(dx);
+    queue_->EndCompute();
     LandGrad(0, embed_leaf.grad(), first, last);
     if (last && !clip) PostUpdate(0, lr, 1.0f, step_ + 1);
   }
 
-  // Exact global-norm clipping needs every unit's norm before any update.
-  {
+  // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
+  stats.loss = loss_sum.item<double>();
+  double sq = 0;
+  if (accum_ > 1) {
     ScopedTimer t(busy_.wait_update);
     worker_->WaitAll();
+    for (double s : unit_sqnorm_) sq += s;
+  } else {
+    sq = at::stack(device_sqnorm_).sum().item<double>();
   }
-  double sq = 0;
-  for (double s : unit_sqnorm_) sq += s;
   stats.grad_norm = std::sqrt(sq);
   if (clip) {
+    // Exact clipping: every unit's update waits for the global norm; they run in forward order so the next
+    // step's forward can start as soon as the embedding and layer 0 are done.
     const float coef = static_cast<float>(std::min(1.0, opts_.train.max_grad_norm / (stats.grad_norm + 1e-6)));
-    for (size_t u = 0; u < layout_.units.size(); ++u) PostUpdate(u, lr, coef, step_ + 1);  // forward order
+    for (size_t u = 0; u < layout_.units.size(); ++u) PostUpdate(u, lr, coef, step_ + 1);
   }
   ++step_;
   ++weights_version_;
   stats.step = step_;
   stats.lr = lr;
-  busy_.cpu_update = worker_->busy_seconds() - update_before;
+  QueueBusy q = queue_->TakeBusy();
+  busy_.compute = q.compute;
+  busy_.h2d = q.h2d;
+  busy_.d2h = q.d2h;
+  busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
   return stats;
 }
 

@@ -5,6 +5,8 @@
 //   head      final norm + chunked LM head + CE, forward and backward together;
 //   backward  layers in reverse: reload weights, recompute the layer under autograd from its saved input,
 //             backpropagate, return the flat gradient to the host;
+//   transfers H2D loads, D2H gradient returns and compute run on their own CUDA streams (DeviceQueue), so
+//             layer i+1 loads while layer i computes and gradients stream out during the backward;
 //   update    CPU AdamW per unit on the UpdateWorker thread, as gradients land (no clipping) or, with exact
 //             global-norm clipping, once every unit's norm is in; the next step's forward waits per unit, so
 //             updates overlap the next forward and are never stale.
@@ -13,10 +15,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "engine/optim/cpu_adamw.h"
+#include "engine/runtime/device_queue.h"
 #include "engine/runtime/reference_trainer.h"
 #include "engine/runtime/update_worker.h"
 
@@ -28,19 +32,23 @@ struct SlidingOptions {
   bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
 };
 
-// Seconds each resource was busy in the last step (engine-thread wall time around each kind of work).
+// Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
+// when the device is the CPU), CPU update time measured inside the update tasks.
 struct ResourceBusy {
   double compute = 0;
   double h2d = 0;
   double d2h = 0;
-  double cpu_update = 0;   // UpdateWorker time: gradient accumulation, norms, AdamW
-  double wait_update = 0;  // engine thread blocked on a unit's update
-  double step = 0;         // wall time of Step()
+  double cpu_update = 0;      // gradient accumulation, host norms and AdamW (posted in this step)
+  double wait_update = 0;     // engine thread blocked on a unit's update before loading it
+  double step = 0;            // wall time of Step()
+  const char* Bound() const;  // the resource with the most busy time
 };
 
 class SlidingTrainer {
  public:
-  SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options);
+  SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options);  // copies the weights
+  // Adopts the buffers when they already are fp32 on the host (no second copy of a large model).
+  SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options);
   ~SlidingTrainer();
 
   StepStats Step(const std::vector<MicroBatch>& micro_batches);
@@ -52,10 +60,13 @@ class SlidingTrainer {
   int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
 
  private:
-  at::Tensor LoadLayer(int64_t layer);  // returns the slot view holding `layer`'s weights
-  void LoadEdgeUnits();                 // embedding and head buffers
+  void EnsureLoaded(int64_t layer);    // issue the load of `layer` into its slot unless it is there
+  at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
+  void LoadEdgeUnits();                // embedding and head buffers
+  at::Tensor LandingBuffer(size_t unit);
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
+  void Init();
   at::Tensor Park(const at::Tensor& x, int64_t index);
   at::Tensor Unpark(const at::Tensor& parked);
 
@@ -69,10 +80,11 @@ class SlidingTrainer {
 
   // Host state, one flat buffer per unit (see ParamLayout).
   ModelParams master_, exp_avg_, exp_avg_sq_;
-  std::vector<at::Tensor> staging_;     // compute-dtype weights the forward loads (aliases master_ in fp32)
-  std::vector<at::Tensor> grad_host_;   // last returned gradient, compute dtype
-  std::vector<at::Tensor> grad_accum_;  // fp32 sums over micro-batches (gradient accumulation only)
-  std::vector<double> unit_sqnorm_;     // squared L2 norm of each unit's final gradient
+  std::vector<at::Tensor> staging_;        // compute-dtype weights the forward loads (aliases master_ in fp32)
+  std::vector<at::Tensor> grad_host_;      // returned gradients that cannot land in staging_ (fp32, accumulation)
+  std::vector<at::Tensor> grad_accum_;     // fp32 sums over micro-batches (gradient accumulation only)
+  std::vector<double> unit_sqnorm_;        // squared L2 norms computed on the host (accumulation only)
+  std::vector<at::Tensor> device_sqnorm_;  // squared L2 norms computed on the device (no accumulation)
 
   // Device state.
   std::vector<at::Tensor> slots_;      // [window] flat buffers sized for the largest layer
@@ -83,7 +95,9 @@ class SlidingTrainer {
   int64_t weights_version_ = 0;  // bumped by every optimizer step
   std::vector<at::Tensor> parked_host_;
 
+  std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
+  std::atomic<int64_t> update_ns_{0};
   ResourceBusy busy_;
   int64_t step_ = 0;
   int64_t slot_loads_ = 0;
