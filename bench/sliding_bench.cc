@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
         sum.wait_update += b.wait_update;
   }
-  trainer.Master();  // drain the last step's updates so their time counts
+  trainer.WaitForUpdates();  // drain the last step's updates so their time counts
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double tokens = double(batch) * seq * steps;
   const double n = double(cfg.TotalParamCount());

@@ -1,5 +1,7 @@
 #include "engine/runtime/device_queue.h"
 
+#include <ATen/ops/empty.h>
+
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -7,9 +9,11 @@
 #if SLIDE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace slide {
@@ -61,7 +65,22 @@ DeviceQueue::DeviceQueue(c10::Device device, int num_slots) : device_(device) {
 #endif
 }
 
-DeviceQueue::~DeviceQueue() = default;
+DeviceQueue::~DeviceQueue() {
+#if SLIDE_HAVE_CUDA
+  for (void* p : registered_) (void)cudaHostUnregister(p);
+#endif
+}
+
+at::Tensor DeviceQueue::AllocateHost(int64_t numel, c10::ScalarType dtype) {
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+#if SLIDE_HAVE_CUDA
+  if (cuda_ && t.nbytes() > 0) {
+    C10_CUDA_CHECK(cudaHostRegister(t.data_ptr(), t.nbytes(), cudaHostRegisterDefault));
+    registered_.push_back(t.data_ptr());
+  }
+#endif
+  return t;
+}
 
 void DeviceQueue::LoadSlot(int slot, at::Tensor dst, const at::Tensor& src) {
 #if SLIDE_HAVE_CUDA

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace slide {
 
@@ -25,6 +26,11 @@ class DeviceQueue {
   ~DeviceQueue();
 
   bool is_cuda() const { return device_.is_cuda(); }
+
+  // Host memory the device copies from/to: page-locked with cudaHostRegister on CUDA (exact size; LibTorch's
+  // pinned allocator rounds each block up to a power of two), plain memory otherwise. Stays registered
+  // while this queue lives.
+  at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype);
 
   // Copies host `src` (pinned on CUDA) into the device buffer `dst` of `slot`, once compute has released the
   // slot's previous contents. `src` must stay unchanged until a later UseSlot(slot) compute has run.
@@ -46,6 +52,7 @@ class DeviceQueue {
   struct Cuda;
   c10::Device device_;
   std::unique_ptr<Cuda> cuda_;
+  std::vector<void*> registered_;
   QueueBusy cpu_busy_;
   double compute_t0_ = 0;
 };

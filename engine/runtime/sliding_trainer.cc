@@ -57,7 +57,7 @@ void SlidingTrainer::Init() {
   on_cuda_ = opts_.train.device.is_cuda();
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
-  const auto host_compute = at::TensorOptions().dtype(dtype).pinned_memory(on_cuda_);
+  queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
 
   exp_avg_ = ZeroParams(layout_, host_f32);
   exp_avg_sq_ = ZeroParams(layout_, host_f32);
@@ -67,7 +67,7 @@ void SlidingTrainer::Init() {
     if (dtype == c10::kFloat && !on_cuda_) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
     } else {
-      staging_.push_back(at::empty({layout_.units[u].numel}, host_compute));
+      staging_.push_back(queue_->AllocateHost(layout_.units[u].numel, dtype));
       staging_.back().copy_(master_.units[u]);
     }
   }
@@ -79,7 +79,6 @@ void SlidingTrainer::Init() {
   slot_version_.assign(opts_.window, -1);
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
-  queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
   worker_ = std::make_unique<UpdateWorker>(n_units);
 }
 
@@ -103,20 +102,23 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
   ++slot_loads_;
 }
 
-void SlidingTrainer::LoadEdgeUnits() {
-  if (edge_version_ == weights_version_) return;
-  const size_t head = layout_.units.size() - 1;
+// The embedding is needed first and the head last: each waits only for its own update, so the next step's
+// forward starts as soon as the embedding's update is done rather than after every unit's.
+void SlidingTrainer::LoadEdgeUnit(bool head) {
+  int64_t& version = head ? head_version_ : embed_version_;
+  if (version == weights_version_) return;
+  const size_t unit = head ? layout_.units.size() - 1 : 0;
   {
     ScopedTimer t(busy_.wait_update);
-    worker_->Wait(0);
-    worker_->Wait(head);
+    worker_->Wait(unit);
   }
-  const int embed_slot = static_cast<int>(opts_.window), head_slot = embed_slot + 1;
-  queue_->LoadSlot(embed_slot, embed_dev_, staging_[0]);
-  queue_->LoadSlot(head_slot, head_dev_, staging_[head]);
-  edge_version_ = weights_version_;
-  slot_loads_ += 2;
+  const int slot = static_cast<int>(opts_.window) + (head ? 1 : 0);
+  queue_->LoadSlot(slot, head ? head_dev_ : embed_dev_, staging_[unit]);
+  version = weights_version_;
+  ++slot_loads_;
 }
+
+void SlidingTrainer::WaitForUpdates() { worker_->WaitAll(); }
 
 at::Tensor SlidingTrainer::Park(const at::Tensor& x, int64_t index) {
   if (!opts_.checkpoints_on_host || !on_cuda_) return x;
@@ -140,8 +142,7 @@ at::Tensor SlidingTrainer::LandingBuffer(size_t unit) {
   const bool in_staging = accum_ == 1 && staging_[unit].data_ptr() != master_.units[unit].data_ptr();
   if (in_staging) return staging_[unit];
   if (grad_host_.empty()) {
-    const auto host_compute = at::TensorOptions().dtype(opts_.train.compute_dtype).pinned_memory(on_cuda_);
-    for (const auto& u : layout_.units) grad_host_.push_back(at::empty({u.numel}, host_compute));
+    for (const auto& u : layout_.units) grad_host_.push_back(queue_->AllocateHost(u.numel, opts_.train.compute_dtype));
   }
   return grad_host_[unit];
 }
@@ -232,7 +233,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   device_sqnorm_.clear();
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
 
-  LoadEdgeUnits();
+  LoadEdgeUnit(/*head=*/false);
   for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
     const bool first = mb == 0, last = mb + 1 == micro_batches.size();
     at::Tensor ids = micro_batches[mb].input_ids.to(opts_.train.device);
@@ -259,7 +260,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
         queue_->EndCompute();
         queue_->ReleaseSlot(w);
         if (i + W < L) EnsureLoaded(i + W);
+        if (i + 2 == L || L == 1) LoadEdgeUnit(/*head=*/true);  // overlaps the last layer
       }
+      LoadEdgeUnit(/*head=*/true);
     }
 
     // Head: forward and backward at once (the chunked loss computes its gradients in the forward).

@@ -55,6 +55,7 @@ class SlidingTrainer {
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
+  void WaitForUpdates();  // every posted update has finished
   const ResourceBusy& last_busy() const { return busy_; }
   int64_t steps_taken() const { return step_; }
   int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
@@ -62,7 +63,7 @@ class SlidingTrainer {
  private:
   void EnsureLoaded(int64_t layer);    // issue the load of `layer` into its slot unless it is there
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
-  void LoadEdgeUnits();                // embedding and head buffers
+  void LoadEdgeUnit(bool head);        // the embedding or the head buffer
   at::Tensor LandingBuffer(size_t unit);
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
@@ -91,7 +92,7 @@ class SlidingTrainer {
   std::vector<int64_t> slot_layer_;    // layer held by each slot (-1: none)
   std::vector<int64_t> slot_version_;  // weights version it was loaded at
   at::Tensor embed_dev_, head_dev_;
-  int64_t edge_version_ = -1;
+  int64_t embed_version_ = -1, head_version_ = -1;
   int64_t weights_version_ = 0;  // bumped by every optimizer step
   std::vector<at::Tensor> parked_host_;
 
