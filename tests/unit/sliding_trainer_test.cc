@@ -80,13 +80,14 @@ void RunEquivalence(const Case& c, c10::Device device) {
   // agree to ~1e-6. bf16: the first steps (two with the warmup's lr 0 and 1.5e-3, then one after the first
   // real update) agree to float rounding; after that a 1-ulp AdamW difference flips the bf16 rounding of some
   // weights (2^-8 relative) and the two runs drift apart chaotically: measured up to 3e-4 on the loss and
-  // single-step gradient-norm spikes of 9% (mean 1-2%) over 20 steps.
+  // single-step gradient-norm spikes of 9% (mean 1-2%) over 20 steps on the CPU; on the H200, whose kernels
+  // reduce in a different (and nondeterministic) order, up to 2.4e-3 on the loss.
   if (fp32) {
     EXPECT_LE(worst_loss, 1e-5);
     EXPECT_LE(worst_norm, 1e-5);
   } else {
     EXPECT_LE(early, 1e-3);
-    EXPECT_LE(worst_loss, 2e-3);
+    EXPECT_LE(worst_loss, 5e-3);
     EXPECT_LE(mean_norm, 3e-2);
   }
   // Weight updates (final - initial). fp32, per tensor: largest elementwise difference relative to the
