@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "engine/memory/memory_plan.h"
 #include "engine/runtime/sliding_trainer.h"
 
 using namespace slide;
@@ -70,6 +71,16 @@ int main(int argc, char** argv) {
   const c10::Device device = dev == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 
   ModelConfig cfg = Shape(shape);
+  PlanRequest plan_request;
+  plan_request.model = cfg;
+  plan_request.micro_batch = batch;
+  plan_request.seq_len = seq;
+  plan_request.lm_head_chunk_tokens = 4096;
+  plan_request.window = window;
+  plan_request.checkpoints = CheckpointPlacement::kDevice;
+  plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
+  const MemoryPlan plan = PlanMemory(plan_request).value();
+  std::fprintf(stderr, "%s", plan.ToString().c_str());
   ModelLayout layout = BuildModelLayout(cfg);
   ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
   for (size_t u = 0; u < layout.units.size(); ++u)
@@ -121,13 +132,15 @@ int main(int argc, char** argv) {
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
       "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"steps\": %d, \"device\": \"%s\", \"tokens_per_s\": %.1f, "
-      "\"model_tflops\": %.2f, \"step_s\": %.3f, \"peak_gpu_bytes\": %.0f, \"peak_host_rss_bytes\": %.0f, "
+      "\"model_tflops\": %.2f, \"step_s\": %.3f, \"peak_gpu_bytes\": %.0f, \"planned_gpu_bytes\": %lld, "
+      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
       "\"bounded_by\": \"%s\", \"loss\": %.4f, \"note\": \"device compute/h2d/d2h busy from CUDA "
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, steps, dev.c_str(), tokens / secs, tflops, secs / steps,
-      peak_dev, PeakRssBytes(), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss);
+      peak_dev, (long long)plan.device_total, (long long)plan.host_total, PeakRssBytes(), sum.compute, sum.h2d, sum.d2h,
+      sum.cpu_update, sum.wait_update, bound, loss);
   return 0;
 }

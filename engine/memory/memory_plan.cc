@@ -1,0 +1,132 @@
+#include "engine/memory/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/model/param_layout.h"
+
+namespace slide {
+namespace {
+
+struct Shape {
+  int64_t layers, max_layer, embed, head, tokens, hidden;
+};
+
+// Device bytes for a given window and checkpoint placement.
+MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool ckpt_on_host) {
+  const int64_t e = c10::elementSize(r.compute_dtype);
+  const ModelConfig& m = r.model;
+  MemoryPlan p;
+  p.window = window;
+  p.checkpoints_on_host = ckpt_on_host;
+  p.slot_bytes = window * s.max_layer * e;
+  p.edge_bytes = (s.embed + s.head) * e;
+  p.checkpoint_bytes = ckpt_on_host ? 0 : s.layers * s.tokens * s.hidden * e;
+  p.reserved_bytes = r.device_reserved_bytes;
+
+  // Head phase: one chunk of logits (compute dtype, fp32, and the fp32->compute gradient copy), the fp32 and
+  // compute-dtype LM-head gradient, the normed hidden states in fp32 and their gradient.
+  const int64_t chunk = std::min(r.lm_head_chunk_tokens, s.tokens);
+  const int64_t lm = m.vocab_size * m.hidden_size;
+  const int64_t head_phase = chunk * m.vocab_size * (e + 4 + e) + lm * (4 + e) + s.tokens * s.hidden * (4 + e) +
+                             (m.tie_word_embeddings ? 0 : s.embed * e);
+  // Layer phase: tensors autograd keeps for one layer's backward (norm outputs, q/k/v, attention output,
+  // projections, gate/up/activation/product) plus as many temporaries during backward, and the layer gradient.
+  const int64_t per_token = 5 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim() + 4 * m.intermediate_size;
+  const int64_t layer_phase = 2 * s.tokens * per_token * e + s.max_layer * e + 2 * s.tokens * s.hidden * e;
+  // Embedding phase: its gradient.
+  const int64_t embed_phase = s.embed * e + s.tokens * s.hidden * e;
+  p.peak_work_bytes = std::max({head_phase, layer_phase, embed_phase});
+  p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes;
+  return p;
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1ll << 30));
+  return buf;
+}
+
+StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
+  if (r.micro_batch < 1 || r.seq_len < 1 || r.grad_accum < 1 || r.lm_head_chunk_tokens < 1)
+    return InvalidArgument("micro_batch, seq_len, grad_accum and lm_head_chunk_tokens must be >= 1");
+  if (r.compute_dtype != c10::kBFloat16 && r.compute_dtype != c10::kFloat)
+    return InvalidArgument("compute dtype must be bf16 or fp32");
+  const ModelLayout layout = BuildModelLayout(r.model);
+  Shape s{layout.num_layers(), 0, layout.embed().numel, layout.head().numel, r.micro_batch * r.seq_len,
+          r.model.hidden_size};
+  for (int64_t i = 0; i < s.layers; ++i) s.max_layer = std::max(s.max_layer, layout.layer(i).numel);
+  if (r.window < 0 || r.window > s.layers)
+    return InvalidArgument("window must be between 1 and the layer count (" + std::to_string(s.layers) + ")");
+
+  // Prefer: the whole model resident, then the most slots that fit, checkpoints on the device before the host.
+  std::vector<bool> placements;
+  if (r.checkpoints != CheckpointPlacement::kHost) placements.push_back(false);
+  if (r.checkpoints != CheckpointPlacement::kDevice) placements.push_back(true);
+  MemoryPlan best;
+  bool found = false;
+  MemoryPlan smallest = DeviceSide(r, s, r.window > 0 ? r.window : 1, placements.back());
+  for (bool on_host : placements) {
+    for (int64_t w = r.window > 0 ? r.window : s.layers; w >= (r.window > 0 ? r.window : 1); --w) {
+      MemoryPlan p = DeviceSide(r, s, w, on_host);
+      if (p.device_total <= r.device_budget_bytes) {
+        best = p;
+        found = true;
+        break;
+      }
+    }
+    if (found) break;
+  }
+  if (!found) {
+    return ResourceExhausted(
+        "the job needs " + FormatBytes(smallest.device_total) + " of device memory at its smallest (window " +
+        std::to_string(smallest.window) + ", layer inputs on " + (smallest.checkpoints_on_host ? "host" : "device") +
+        "), but the device budget is " + FormatBytes(r.device_budget_bytes) + ":\n" + smallest.ToString());
+  }
+
+  // Host side.
+  const int64_t n = layout.TotalNumel();
+  const int64_t e = c10::elementSize(r.compute_dtype);
+  best.master_bytes = 4 * n;
+  best.moments_bytes = 8 * n;
+  best.staging_bytes = e * n;
+  best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
+  best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
+  best.host_total =
+      best.master_bytes + best.moments_bytes + best.staging_bytes + best.grad_bytes + best.host_checkpoint_bytes;
+  if (r.host_budget_bytes > 0 && best.host_total > r.host_budget_bytes) {
+    return ResourceExhausted("the job needs " + FormatBytes(best.host_total) +
+                             " of host memory, but the host budget is " + FormatBytes(r.host_budget_bytes) + ":\n" +
+                             best.ToString());
+  }
+  return best;
+}
+
+std::string MemoryPlan::ToString() const {
+  std::string out;
+  auto row = [&](const char* name, int64_t bytes) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "  %-34s %12s\n", name, FormatBytes(bytes).c_str());
+    out += buf;
+  };
+  out += "device (window " + std::to_string(window) + " layer slots, layer inputs on " +
+         (checkpoints_on_host ? "host" : "device") + ")\n";
+  row("layer slots", slot_bytes);
+  row("embedding + head", edge_bytes);
+  row("layer inputs", checkpoint_bytes);
+  row("largest transient phase", peak_work_bytes);
+  row("reserved (context, workspaces)", reserved_bytes);
+  row("total", device_total);
+  out += "host\n";
+  row("fp32 master weights", master_bytes);
+  row("AdamW moments", moments_bytes);
+  row("compute-dtype staging", staging_bytes);
+  row("gradient buffers", grad_bytes);
+  row("layer inputs", host_checkpoint_bytes);
+  row("total", host_total);
+  return out;
+}
+
+}  // namespace slide

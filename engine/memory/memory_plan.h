@@ -1,0 +1,57 @@
+// The memory planner: from the model shape, batch, sequence and budgets, decide how many layer slots the device
+// holds and where layer inputs are kept, and account for every large buffer of a sliding-window job on the
+// device and on the host. A job that cannot fit is refused before it starts, with the numbers.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+
+#include "engine/common/status.h"
+#include "engine/model/config.h"
+
+namespace slide {
+
+enum class CheckpointPlacement { kAuto, kDevice, kHost };
+
+struct PlanRequest {
+  ModelConfig model;
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1024;
+  int64_t grad_accum = 1;
+  c10::ScalarType compute_dtype = c10::kBFloat16;
+  int64_t lm_head_chunk_tokens = 1024;
+  int64_t device_budget_bytes = 24ll << 30;
+  int64_t host_budget_bytes = 0;  // 0: not checked
+  int64_t window = 0;             // 0: the planner chooses
+  CheckpointPlacement checkpoints = CheckpointPlacement::kAuto;
+  int64_t device_reserved_bytes = 1ll << 30;  // CUDA context, cuBLAS workspaces, allocator slack
+};
+
+struct MemoryPlan {
+  int64_t window = 0;
+  bool checkpoints_on_host = false;
+  // Device bytes.
+  int64_t slot_bytes = 0;        // all layer slots
+  int64_t edge_bytes = 0;        // embedding + head weights
+  int64_t checkpoint_bytes = 0;  // layer inputs kept on the device
+  int64_t peak_work_bytes = 0;   // the largest transient phase (head loss or a layer's recompute + backward)
+  int64_t reserved_bytes = 0;
+  int64_t device_total = 0;
+  // Host bytes.
+  int64_t master_bytes = 0;   // fp32 weights
+  int64_t moments_bytes = 0;  // AdamW m and v
+  int64_t staging_bytes = 0;  // compute-dtype weights the forward loads (gradients land here without accumulation)
+  int64_t grad_bytes = 0;     // gradient landing and fp32 accumulation buffers
+  int64_t host_checkpoint_bytes = 0;
+  int64_t host_total = 0;
+
+  std::string ToString() const;  // a readable table
+};
+
+StatusOr<MemoryPlan> PlanMemory(const PlanRequest& request);
+
+std::string FormatBytes(int64_t bytes);  // "12.3 GiB"
+
+}  // namespace slide

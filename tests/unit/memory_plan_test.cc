@@ -1,0 +1,96 @@
+// The memory planner: window choice, checkpoint placement, host accounting, and refusals with numbers.
+#include "engine/memory/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/support/fixtures.h"
+
+namespace slide {
+namespace {
+
+ModelConfig Llama8B() {
+  auto cfg = testing::ValueOrDie(ParseHfConfig(
+      R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8})",
+      "8b"));
+  return cfg;
+}
+
+PlanRequest Request8B(int64_t gpu_gib) {
+  PlanRequest r;
+  r.model = Llama8B();
+  r.micro_batch = 8;
+  r.seq_len = 1024;
+  r.lm_head_chunk_tokens = 4096;
+  r.device_budget_bytes = gpu_gib << 30;
+  return r;
+}
+
+TEST(MemoryPlan, EightBillionOnA24GiBBudget) {
+  MemoryPlan p = testing::ValueOrDie(PlanMemory(Request8B(24)));
+  EXPECT_LE(p.device_total, 24ll << 30);
+  EXPECT_GE(p.window, 2);
+  EXPECT_LT(p.window, 32);
+  EXPECT_FALSE(p.checkpoints_on_host);
+  // Host: fp32 master + two moments + bf16 staging (gradients land in staging without accumulation).
+  const double per_param = double(p.host_total) / Llama8B().TotalParamCount();
+  EXPECT_NEAR(per_param, 14.0, 0.05);
+  EXPECT_EQ(p.grad_bytes, 0);
+  // The H200 run of this shape at window 2 (bench/results, commit d71447e) peaked at 14.33e9 bytes reserved;
+  // the planner's figure for window 2 must not be below it.
+  PlanRequest two = Request8B(24);
+  two.window = 2;
+  MemoryPlan p2 = testing::ValueOrDie(PlanMemory(two));
+  EXPECT_GE(p2.device_total, 14329839616);
+  EXPECT_LE(p2.device_total, 1.35 * 14329839616);
+}
+
+TEST(MemoryPlan, WholeModelResidentWhenItFits) {
+  MemoryPlan p = testing::ValueOrDie(PlanMemory(Request8B(120)));
+  EXPECT_EQ(p.window, 32);
+}
+
+TEST(MemoryPlan, MovesLayerInputsToTheHostBeforeRefusing) {
+  PlanRequest r = Request8B(24);
+  r.micro_batch = 40;  // 40K tokens: 32 layer inputs are 10 GiB
+  MemoryPlan p = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_TRUE(p.checkpoints_on_host);
+  EXPECT_EQ(p.checkpoint_bytes, 0);
+  EXPECT_EQ(p.host_checkpoint_bytes, 32ll * 40 * 1024 * 4096 * 2);
+}
+
+TEST(MemoryPlan, RefusesWithNeededAndAvailable) {
+  auto r = PlanMemory(Request8B(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("of device memory at its smallest"), std::string::npos) << m;
+  EXPECT_NE(m.find("the device budget is 4.00 GiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("layer slots"), std::string::npos) << m;
+
+  PlanRequest host = Request8B(24);
+  host.host_budget_bytes = 64ll << 30;
+  auto h = PlanMemory(host);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(h.status().message().find("of host memory, but the host budget is 64.00 GiB"), std::string::npos);
+}
+
+TEST(MemoryPlan, AccumulationNeedsFp32GradientBuffers) {
+  PlanRequest r = Request8B(24);
+  r.grad_accum = 4;
+  MemoryPlan p = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(p.grad_bytes, 6 * (p.master_bytes / 4));
+}
+
+TEST(MemoryPlan, RejectsBadRequests) {
+  PlanRequest r = Request8B(24);
+  r.window = 33;
+  EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument);
+  r.window = 0;
+  r.micro_batch = 0;
+  EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace slide
