@@ -49,6 +49,9 @@ add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(PkgConfig REQUIRED)
+# Tokenizer: PCRE2 for the pre-tokenizer regexes (Unicode properties), ICU for NFC normalization.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 
 set(SLIDE_HAVE_IO_URING OFF)
 if(NOT SLIDE_IO_URING STREQUAL "OFF")

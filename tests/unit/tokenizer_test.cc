@@ -1,0 +1,97 @@
+// Tokenizer parity with Hugging Face `tokenizers` (fixtures from scripts/make_tokenizer_fixtures.py): exact ids
+// with and without special tokens and the decoded text, for byte-level (Llama 3, Qwen2, GPT-2) and
+// SentencePiece-style (Llama 2, Mistral) BPE; and precise errors for broken files and input.
+#include "engine/data/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/fixtures.h"
+
+namespace slide {
+namespace {
+
+class TokenizerParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerParity, MatchesHuggingFace) {
+  const std::string dir = testing::FixturePath("tokenizers/" + GetParam());
+  auto tok = testing::ValueOrDie(Tokenizer::FromFile(dir + "/tokenizer.json"));
+  std::ifstream in(dir + "/expected.jsonl");
+  std::string line;
+  int cases = 0, mismatches = 0;
+  while (std::getline(in, line)) {
+    auto c = nlohmann::json::parse(line);
+    const std::string text = c["text"];
+    auto ids = testing::ValueOrDie(tok->Encode(text, true));
+    auto plain = testing::ValueOrDie(tok->Encode(text, false));
+    const bool ok = ids == c["ids"].get<std::vector<int32_t>>() && plain == c["ids_plain"].get<std::vector<int32_t>>();
+    EXPECT_TRUE(ok) << GetParam() << " text: '" << text << "'\n ours:  " << nlohmann::json(ids).dump()
+                    << "\n theirs: " << c["ids"].dump();
+    EXPECT_EQ(tok->Decode(plain), c["decoded"].get<std::string>()) << GetParam() << " text: '" << text << "'";
+    mismatches += !ok;
+    ++cases;
+  }
+  EXPECT_GT(cases, 20);
+  std::printf("TOKENIZER %-8s %d cases, %d id mismatches\n", GetParam().c_str(), cases, mismatches);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerParity, ::testing::Values("llama3", "qwen2", "gpt2", "llama2", "mistral"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Tokenizer, RejectsInvalidUtf8) {
+  auto tok = testing::ValueOrDie(Tokenizer::FromFile(testing::FixturePath("tokenizers/llama3/tokenizer.json")));
+  auto r = tok->Encode(std::string("ok \xC3\x28 bad"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "text is not valid UTF-8");
+  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));  // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));      // overlong
+  EXPECT_TRUE(IsValidUtf8("Grüße 🦊"));
+}
+
+TEST(Tokenizer, SpecialTokensAreKnown) {
+  auto tok = testing::ValueOrDie(Tokenizer::FromFile(testing::FixturePath("tokenizers/qwen2/tokenizer.json")));
+  const int32_t im_end = tok->TokenId("<|im_end|>");
+  ASSERT_GE(im_end, 0);
+  EXPECT_TRUE(tok->IsSpecial(im_end));
+  auto ids = testing::ValueOrDie(tok->Encode("a<|im_end|>b"));
+  EXPECT_EQ(tok->Decode(ids, /*skip_special_tokens=*/true), "ab");
+  EXPECT_EQ(tok->Decode(ids), "a<|im_end|>b");
+}
+
+TEST(Tokenizer, BrokenFilesGetPreciseErrors) {
+  auto missing = Tokenizer::FromFile("/nonexistent/tokenizer.json");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(Tokenizer::FromJson("{", "t.json").status().message().find("t.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(Tokenizer::FromJson(R"({"model": {"type": "Unigram", "vocab": []}})", "t.json")
+                .status()
+                .message()
+                .find("model type 'Unigram' is not supported"),
+            std::string::npos);
+  EXPECT_NE(Tokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})", "t.json")
+                .status()
+                .message()
+                .find("merge 'a b' uses a token missing from the vocabulary"),
+            std::string::npos);
+  EXPECT_NE(Tokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                   "pre_tokenizer": {"type": "Whitespace"}})",
+                                "t.json")
+                .status()
+                .message()
+                .find("pre-tokenizer 'Whitespace' is not supported"),
+            std::string::npos);
+  EXPECT_NE(Tokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                   "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(unclosed"},
+                                                     "behavior": "Isolated", "invert": false}})",
+                                "t.json")
+                .status()
+                .message()
+                .find("does not compile"),
+            std::string::npos);
+  EXPECT_NE(Tokenizer::FromJson(R"({"model": {"type": "BPE"}})", "t.json").status().message().find("malformed"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace slide
