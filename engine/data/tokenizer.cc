@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -185,14 +186,21 @@ struct Tokenizer::Impl {
   std::vector<NormalizerStep> normalizer;
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<DecoderStep> decoder;
-  std::vector<int32_t> prefix, suffix;  // TemplateProcessing single: specials around $A
-  bool byte_level_model = false;        // pieces are ByteLevel-mapped before BPE
+  std::vector<int32_t> prefix, suffix;            // TemplateProcessing single: specials around $A
+  bool byte_level_model = false;                  // pieces are ByteLevel-mapped before BPE
+  std::vector<int32_t> added_by_first_byte[256];  // indices into `added`, longest first
+
+  // Pieces repeat (words), so their BPE result is cached; bounded, cleared when full.
+  mutable std::mutex cache_mu;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  static constexpr size_t kCacheEntries = 1 << 18;
 
   static uint64_t Key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
   std::string Normalize(std::string_view s) const;
   void PreTokenize(const std::string& s, bool first_section, std::vector<std::string>& pieces) const;
   void Bpe(const std::string& piece, std::vector<int32_t>& out) const;
+  void BpeUncached(const std::string& piece, std::vector<int32_t>& out) const;
 };
 
 namespace {
@@ -438,6 +446,22 @@ void Tokenizer::Impl::PreTokenize(const std::string& s, bool first_section, std:
 }
 
 void Tokenizer::Impl::Bpe(const std::string& piece, std::vector<int32_t>& out) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto hit = cache.find(piece);
+    if (hit != cache.end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+  }
+  const size_t before = out.size();
+  BpeUncached(piece, out);
+  std::lock_guard<std::mutex> lock(cache_mu);
+  if (cache.size() >= kCacheEntries) cache.clear();
+  cache.emplace(piece, std::vector<int32_t>(out.begin() + before, out.end()));
+}
+
+void Tokenizer::Impl::BpeUncached(const std::string& piece, std::vector<int32_t>& out) const {
   if (ignore_merges) {
     auto it = vocab.find(piece);
     if (it != vocab.end()) {
@@ -551,6 +575,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
     }
     std::sort(impl->added.begin(), impl->added.end(),
               [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    for (size_t k = 0; k < impl->added.size(); ++k)
+      impl->added_by_first_byte[static_cast<unsigned char>(impl->added[k].content[0])].push_back(
+          static_cast<int32_t>(k));
 
     Status s = ParseNormalizer(root.value("normalizer", json()), impl->normalizer);
     if (s.ok()) s = ParsePreTokenizer(root.value("pre_tokenizer", json()), impl->pre_tokenizer, impl->byte_level_model);
@@ -579,7 +606,8 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add
   size_t start = 0, i = 0;
   while (i < text.size()) {
     const AddedToken* hit = nullptr;
-    for (const auto& a : m.added) {
+    for (int32_t k : m.added_by_first_byte[static_cast<unsigned char>(text[i])]) {
+      const AddedToken& a = m.added[k];
       if (text.compare(i, a.content.size(), a.content) == 0) {
         hit = &a;
         break;
