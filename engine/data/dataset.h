@@ -1,0 +1,89 @@
+// Fine-tuning datasets from JSONL: formats, chat templates, loss masks, packing or truncation + padding,
+// a held-out split, and a seeded, resumable batch order. Bad lines are reported with file and line and either
+// fail the load or are skipped and counted, as the policy says.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+#include "engine/data/tokenizer.h"
+
+namespace slide {
+
+enum class DatasetFormat {
+  kAuto,              // decided per line from its keys
+  kText,              // {"text": ...}: loss on every token
+  kPromptCompletion,  // {"prompt": ..., "completion": ...}: loss on the completion only
+  kMessages,          // {"messages": [{"role", "content"}, ...]}: loss on assistant turns only
+  kTokens,            // {"input_ids": [...], "labels"?: [...]}: pre-tokenized
+};
+enum class ChatTemplate { kLlama3, kChatML };
+enum class SequenceMode { kPack, kTruncate };  // pack samples into full windows, or one sample per row + padding
+enum class BadLinePolicy { kFail, kSkip };
+enum class LongSamplePolicy { kTruncate, kSkip, kFail };  // truncate mode only
+
+StatusOr<DatasetFormat> ParseDatasetFormat(const std::string& name);  // auto|text|prompt_completion|messages|tokens
+StatusOr<ChatTemplate> ParseChatTemplate(const std::string& name);    // llama3|chatml
+
+struct DatasetOptions {
+  int64_t seq_len = 1024;
+  SequenceMode mode = SequenceMode::kPack;
+  DatasetFormat format = DatasetFormat::kAuto;
+  ChatTemplate chat_template = ChatTemplate::kLlama3;
+  BadLinePolicy bad_lines = BadLinePolicy::kFail;
+  LongSamplePolicy long_samples = LongSamplePolicy::kTruncate;
+  std::string bos_token;     // "" = none; added before text and prompt/completion samples
+  std::string eos_token;     // "" = none; appended (and trained) after text and completions
+  std::string pad_token;     // "" = the EOS token, else id 0
+  double eval_fraction = 0;  // held-out share of the sequences
+  uint64_t seed = 0;
+};
+
+// One training row: input_ids and HF-style labels (label t is the token at t; -100 = no loss), seq_len long.
+struct Sequence {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> labels;
+};
+
+struct DatasetStats {
+  int64_t lines = 0;                // non-empty lines read
+  int64_t samples = 0;              // lines turned into samples
+  int64_t skipped = 0;              // bad lines skipped (policy kSkip) plus over-long samples skipped
+  int64_t truncated = 0;            // samples cut to seq_len
+  int64_t tokens = 0;               // tokens in all samples
+  int64_t loss_tokens = 0;          // tokens with a label
+  std::vector<std::string> errors;  // the first few skipped-line messages
+};
+
+struct Dataset {
+  std::vector<Sequence> train;
+  std::vector<Sequence> eval;
+  DatasetStats stats;
+};
+
+StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tokenizer, const DatasetOptions& options);
+
+// The order in which a training run visits sequences: a fresh seeded permutation each epoch. The position is
+// two integers, saved in checkpoints so a resumed run continues exactly where the data stood.
+class BatchOrder {
+ public:
+  struct Position {
+    int64_t epoch = 0;
+    int64_t index = 0;  // next sequence within the epoch's permutation
+  };
+  BatchOrder(int64_t num_sequences, uint64_t seed);
+  std::vector<int64_t> Next(int64_t batch_size);  // indices; crosses into the next epoch when needed
+  Position position() const { return pos_; }
+  void Seek(Position pos);
+
+ private:
+  void Permute();
+  int64_t n_;
+  uint64_t seed_;
+  Position pos_;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace slide
