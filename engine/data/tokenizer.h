@@ -38,6 +38,14 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The special-token names in a model directory's tokenizer_config.json ("" when unset or the file is absent).
+struct TokenizerConfig {
+  std::string bos_token;
+  std::string eos_token;
+  std::string pad_token;
+};
+StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir);
+
 // True when `text` is well-formed UTF-8.
 bool IsValidUtf8(std::string_view text);
 

@@ -210,6 +210,52 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
   });
 }
 
+// Embedding and layers without autograd, keeping each layer's input in `parked` when given; window-1 layers
+// load ahead of the one computing, and the head loads while the last layer computes.
+at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables& rope,
+                                        std::vector<at::Tensor>* parked) {
+  at::AutoGradMode no_grad(false);
+  const int64_t L = layout_.num_layers(), W = opts_.window;
+  queue_->UseSlot(static_cast<int>(W));
+  queue_->BeginCompute();
+  at::Tensor x = EmbeddingForward(layout_.embed(), embed_dev_, ids);
+  queue_->EndCompute();
+  for (int64_t i = 0; i < std::min(W, L); ++i) EnsureLoaded(i);
+  for (int64_t i = 0; i < L; ++i) {
+    if (parked != nullptr) (*parked)[i] = Park(x, i);
+    EnsureLoaded(i);
+    const int w = static_cast<int>(i % W);
+    queue_->UseSlot(w);
+    queue_->BeginCompute();
+    x = DecoderLayerForward(cfg_, layout_.layer(i), SlotView(i), x, rope);
+    queue_->EndCompute();
+    queue_->ReleaseSlot(w);
+    if (i + W < L) EnsureLoaded(i + W);
+    if (i + 2 == L || L == 1) LoadEdgeUnit(/*head=*/true);
+  }
+  LoadEdgeUnit(/*head=*/true);
+  return x;
+}
+
+double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
+  TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
+  int64_t valid = 0;
+  for (const auto& mb : micro_batches) valid += CountValidTargets(mb.targets);
+  const double normalizer = std::max<int64_t>(1, valid);
+  LoadEdgeUnit(/*head=*/false);
+  at::AutoGradMode no_grad(false);
+  at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
+  for (const auto& mb : micro_batches) {
+    at::Tensor ids = mb.input_ids.to(opts_.train.device);
+    at::Tensor x = ForwardTrunk(ids, BuildRopeTables(cfg_, ids.size(1), device_opts_), nullptr);
+    queue_->UseSlot(static_cast<int>(opts_.window) + 1);
+    loss_sum.add_(HeadLoss(cfg_, layout_.head(), head_dev_, LmHeadWeight(layout_, embed_dev_, head_dev_), x,
+                           mb.targets.to(opts_.train.device), normalizer, opts_.train.loss));
+  }
+  queue_->TakeBusy();  // evaluation time is not part of the next step's accounting
+  return loss_sum.item<double>();
+}
+
 StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   std::string pending_error = worker_->TakeError();
@@ -240,30 +286,8 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     at::Tensor targets = micro_batches[mb].targets.to(opts_.train.device);
     RopeTables rope = BuildRopeTables(cfg_, ids.size(1), device_opts_);
 
-    // Forward without autograd, keeping each layer's input; W-1 layers load ahead of the one computing.
     std::vector<at::Tensor> parked(L);
-    at::Tensor x;
-    {
-      at::AutoGradMode no_grad(false);
-      queue_->UseSlot(embed_slot);
-      queue_->BeginCompute();
-      x = EmbeddingForward(layout_.embed(), embed_dev_, ids);
-      queue_->EndCompute();
-      for (int64_t i = 0; i < std::min(W, L); ++i) EnsureLoaded(i);
-      for (int64_t i = 0; i < L; ++i) {
-        parked[i] = Park(x, i);
-        EnsureLoaded(i);
-        const int w = static_cast<int>(i % W);
-        queue_->UseSlot(w);
-        queue_->BeginCompute();
-        x = DecoderLayerForward(cfg_, layout_.layer(i), SlotView(i), x, rope);
-        queue_->EndCompute();
-        queue_->ReleaseSlot(w);
-        if (i + W < L) EnsureLoaded(i + W);
-        if (i + 2 == L || L == 1) LoadEdgeUnit(/*head=*/true);  // overlaps the last layer
-      }
-      LoadEdgeUnit(/*head=*/true);
-    }
+    at::Tensor x = ForwardTrunk(ids, rope, &parked);
 
     // Head: forward and backward at once (the chunked loss computes its gradients in the forward).
     at::Tensor embed_leaf = embed_dev_.detach().requires_grad_(true);

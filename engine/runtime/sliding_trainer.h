@@ -52,6 +52,8 @@ class SlidingTrainer {
   ~SlidingTrainer();
 
   StepStats Step(const std::vector<MicroBatch>& micro_batches);
+  // Mean token loss over `micro_batches` with the current weights (forward only, sliding like a step).
+  double EvalLoss(const std::vector<MicroBatch>& micro_batches);
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
@@ -61,6 +63,7 @@ class SlidingTrainer {
   int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
 
  private:
+  at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
   void EnsureLoaded(int64_t layer);    // issue the load of `layer` into its slot unless it is there
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
   void LoadEdgeUnit(bool head);        // the embedding or the head buffer

@@ -65,6 +65,8 @@ TEST(DemoTraining, LossFallsAndTheExportReloads) {
   for (int step = 0; step < 60; ++step) losses.push_back(trainer.Step({ToBatch(ds.train, order.Next(16))}).loss);
   ModelParams trained = trainer.Master();
   const double eval_after = EvalLoss(cfg, trained, eval);
+  // The sliding evaluation (forward only, weights streamed through the slots) gives the same number.
+  EXPECT_NEAR(trainer.EvalLoss({eval}), eval_after, 1e-5 * eval_after);
   std::printf("DEMO loss %.3f -> %.3f over 60 steps; held-out %.3f -> %.3f\n", losses.front(), losses.back(),
               eval_before, eval_after);
   EXPECT_LT(losses.back(), 0.5 * losses.front());

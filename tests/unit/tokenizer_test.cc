@@ -93,5 +93,24 @@ TEST(Tokenizer, BrokenFilesGetPreciseErrors) {
             std::string::npos);
 }
 
+TEST(TokenizerConfig, ReadsSpecialTokenNames) {
+  testing::TempDir dir;
+  auto none = testing::ValueOrDie(LoadTokenizerConfig(dir.path()));  // absent file: nothing set
+  EXPECT_EQ(none.bos_token, "");
+  std::ofstream(dir.File("tokenizer_config.json"))
+      << R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "pad_token": null})";
+  auto c = testing::ValueOrDie(LoadTokenizerConfig(dir.path()));
+  EXPECT_EQ(c.bos_token, "<s>");
+  EXPECT_EQ(c.eos_token, "</s>");
+  EXPECT_EQ(c.pad_token, "");
+  std::ofstream(dir.File("tokenizer_config.json")) << R"({"eos_token": 7})";
+  auto bad = LoadTokenizerConfig(dir.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("field 'eos_token' must be a string"), std::string::npos);
+  auto demo = testing::ValueOrDie(LoadTokenizerConfig(std::string(SLIDE_FIXTURES_DIR) + "/../../deploy/demo/model"));
+  EXPECT_EQ(demo.bos_token, "<|begin_of_text|>");
+  EXPECT_EQ(demo.eos_token, "<|end_of_text|>");
+}
+
 }  // namespace
 }  // namespace slide
