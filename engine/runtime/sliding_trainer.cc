@@ -50,6 +50,21 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
   Init();
 }
 
+StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
+                                                                 SlidingOptions options, PlanRequest request,
+                                                                 MemoryPlan* plan_out) {
+  request.model = cfg;
+  request.compute_dtype = options.train.compute_dtype;
+  request.lm_head_chunk_tokens = options.train.loss.chunk_tokens;
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(request));
+  options.window = plan.window;
+  options.checkpoints_on_host = plan.checkpoints_on_host;
+  auto trainer = std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options));
+  trainer->planned_tokens_ = request.micro_batch * request.seq_len;
+  if (plan_out != nullptr) *plan_out = plan;
+  return trainer;
+}
+
 void SlidingTrainer::Init() {
   const auto dtype = opts_.train.compute_dtype;
   TORCH_CHECK(dtype == c10::kBFloat16 || dtype == c10::kFloat, "sliding trainer computes in bf16 or fp32");
@@ -264,6 +279,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   const int64_t update_ns_before = update_ns_.load();
   ScopedTimer step_timer(busy_.step);
 
+  for (const auto& mb : micro_batches)
+    TORCH_CHECK(planned_tokens_ == 0 || mb.input_ids.numel() <= planned_tokens_, "micro-batch of ",
+                mb.input_ids.numel(), " tokens exceeds the ", planned_tokens_, " the memory plan was made for");
   accum_ = static_cast<int64_t>(micro_batches.size());
   if (accum_ > 1 && grad_accum_.empty())
     for (const auto& u : layout_.units) grad_accum_.push_back(at::empty({u.numel}, at::kFloat));

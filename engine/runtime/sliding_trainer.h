@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/memory/memory_plan.h"
 #include "engine/optim/cpu_adamw.h"
 #include "engine/runtime/device_queue.h"
 #include "engine/runtime/reference_trainer.h"
@@ -49,6 +50,13 @@ class SlidingTrainer {
   SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options);  // copies the weights
   // Adopts the buffers when they already are fp32 on the host (no second copy of a large model).
   SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options);
+
+  // Plans memory for `request` (micro-batch, sequence, budgets; window 0 = choose) and builds the trainer with
+  // that plan. A job that cannot fit is refused here, with the numbers, before anything large is allocated;
+  // later micro-batches larger than planned are refused by Step.
+  static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
+                                                          SlidingOptions options, PlanRequest request,
+                                                          MemoryPlan* plan = nullptr);
   ~SlidingTrainer();
 
   StepStats Step(const std::vector<MicroBatch>& micro_batches);
@@ -105,6 +113,7 @@ class SlidingTrainer {
   ResourceBusy busy_;
   int64_t step_ = 0;
   int64_t slot_loads_ = 0;
+  int64_t planned_tokens_ = 0;  // micro-batch tokens the memory plan allows (0: unplanned)
 };
 
 }  // namespace slide

@@ -165,5 +165,30 @@ TEST(SlidingTrainer, ReusesSlotsWhenTheWindowHoldsTheModel) {
   EXPECT_EQ(small.slot_loads(), 5);
 }
 
+TEST(SlidingTrainer, CreatePlansWithinBudgetAndRefusesWhatCannotFit) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  TrainerOptions o = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU));
+  PlanRequest r;
+  r.micro_batch = 2;
+  r.seq_len = 16;
+  r.device_reserved_bytes = 0;
+  r.device_budget_bytes = 64 << 10;  // 64 KiB: not even the embedding and head fit
+  auto refused = SlidingTrainer::Create(
+      fx.config, testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat)), {.train = o}, r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("the device budget is 0.00 GiB"), std::string::npos)
+      << refused.status().message();
+
+  r.device_budget_bytes = 64 << 20;
+  MemoryPlan plan;
+  auto trainer = testing::ValueOrDie(SlidingTrainer::Create(
+      fx.config, testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat)), {.train = o}, r, &plan));
+  EXPECT_EQ(plan.window, 2);  // the whole (2-layer) model fits
+  trainer->Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU)));
+  at::Tensor big = at::zeros({4, 16}, at::kLong);
+  EXPECT_THROW(trainer->Step({{big, big}}), c10::Error);  // 64 tokens > the planned 32
+}
+
 }  // namespace
 }  // namespace slide
