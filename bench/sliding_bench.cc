@@ -1,5 +1,7 @@
 // Throughput / memory benchmark of the sliding trainer on Llama-shaped random-init models.
-// Usage: sliding_bench SHAPE BATCH [SEQ=1024] [STEPS=3] [WINDOW=2] [DEVICE=cuda]
+// Usage: sliding_bench SHAPE BATCH [SEQ=1024] [STEPS=3] [WINDOW=2] [DEVICE=cuda] [MAX_GRAD_NORM=1.0]
+//   MAX_GRAD_NORM 0 disables clipping (updates then overlap the backward): the pair measures what exact
+//   clipping costs.
 //   SHAPE: llama-1b | llama-3b | llama-8b | tiny
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   const int steps = argc > 4 ? std::atoi(argv[4]) : 3;
   const int64_t window = argc > 5 ? std::atoll(argv[5]) : 2;
   const std::string dev = argc > 6 ? argv[6] : "cuda";
+  const double max_grad_norm = argc > 7 ? std::atof(argv[7]) : 1.0;
   const c10::Device device = dev == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 
   ModelConfig cfg = Shape(shape);
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
   TrainerOptions o;
   o.adamw = {.lr = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   o.schedule = {.kind = LrScheduleKind::kConstant, .peak_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
-  o.max_grad_norm = 1.0;
+  o.max_grad_norm = max_grad_norm;
   o.compute_dtype = c10::kBFloat16;
   o.device = device;
   o.loss.chunk_tokens = 4096;
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"steps\": %d, \"device\": \"%s\", \"tokens_per_s\": %.1f, "
+      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"max_grad_norm\": %.2f, \"steps\": %d, \"device\": \"%s\", "
+      "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"peak_gpu_bytes\": %.0f, \"planned_gpu_bytes\": %lld, "
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
@@ -139,8 +143,8 @@ int main(int argc, char** argv) {
       "\"bounded_by\": \"%s\", \"loss\": %.4f, \"note\": \"device compute/h2d/d2h busy from CUDA "
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)window, steps, dev.c_str(), tokens / secs, tflops, secs / steps,
-      peak_dev, (long long)plan.device_total, (long long)plan.host_total, PeakRssBytes(), sum.compute, sum.h2d, sum.d2h,
-      sum.cpu_update, sum.wait_update, bound, loss);
+      (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
+      secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, PeakRssBytes(), sum.compute,
+      sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss);
   return 0;
 }

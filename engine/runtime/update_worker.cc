@@ -1,6 +1,5 @@
 #include "engine/runtime/update_worker.h"
 
-#include <chrono>
 #include <exception>
 #include <utility>
 
@@ -40,19 +39,9 @@ void UpdateWorker::WaitAll() {
   });
 }
 
-double UpdateWorker::busy_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return busy_;
-}
-
 std::string UpdateWorker::TakeError() {
   std::lock_guard<std::mutex> lock(mu_);
   return std::exchange(error_, std::string());
-}
-
-void UpdateWorker::ResetBusy() {
-  std::lock_guard<std::mutex> lock(mu_);
-  busy_ = 0;
 }
 
 void UpdateWorker::Loop() {
@@ -63,16 +52,13 @@ void UpdateWorker::Loop() {
     auto [unit, task] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    auto t0 = std::chrono::steady_clock::now();
     std::string error;
     try {
       task();
     } catch (const std::exception& e) {
       error = e.what();
     }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
-    busy_ += dt;
     if (!error.empty() && error_.empty()) error_ = error;
     --pending_[unit];
     cv_.notify_all();

@@ -24,8 +24,6 @@ class UpdateWorker {
   void Post(size_t unit, std::function<void()> task);
   void Wait(size_t unit);  // returns once every task posted for `unit` has finished
   void WaitAll();
-  double busy_seconds() const;  // time spent running tasks since the last ResetBusy()
-  void ResetBusy();
   std::string TakeError();  // the first exception a task threw since the last call ("" if none)
 
  private:
@@ -35,7 +33,6 @@ class UpdateWorker {
   std::condition_variable cv_;
   std::deque<std::pair<size_t, std::function<void()>>> queue_;
   std::vector<int64_t> pending_;  // per unit
-  double busy_ = 0;
   std::string error_;
   bool stop_ = false;
   std::thread thread_;
