@@ -1,0 +1,208 @@
+#include "engine/runtime/training_job.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "engine/data/dataset.h"
+#include "engine/model/hf_checkpoint.h"
+#include "engine/runtime/sliding_trainer.h"
+
+namespace slide {
+namespace {
+
+Status Field(bool ok, const std::string& field, const std::string& what) {
+  return ok ? Status::Ok() : InvalidArgument("job field '" + field + "' " + what);
+}
+
+MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int64_t>& rows) {
+  const int64_t S = static_cast<int64_t>(seqs.at(rows.at(0)).input_ids.size());
+  at::Tensor ids = at::empty({static_cast<int64_t>(rows.size()), S}, at::kLong);
+  at::Tensor labels = at::empty_like(ids);
+  auto* pi = ids.data_ptr<int64_t>();
+  auto* pl = labels.data_ptr<int64_t>();
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t t = 0; t < S; ++t) {
+      pi[r * S + t] = seqs[rows[r]].input_ids[t];
+      pl[r * S + t] = seqs[rows[r]].labels[t];
+    }
+  return {ids, ShiftLabels(labels)};
+}
+
+}  // namespace
+
+Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
+  SLIDE_RETURN_IF_ERROR(Field(!s.model_dir.empty(), "model_dir", "is required"));
+  SLIDE_RETURN_IF_ERROR(Field(!s.dataset_path.empty(), "dataset", "is required"));
+  SLIDE_RETURN_IF_ERROR(Field(!s.output_dir.empty(), "output_dir", "is required"));
+  SLIDE_RETURN_IF_ERROR(Field(s.steps >= 0, "steps", "must be >= 0"));
+  SLIDE_RETURN_IF_ERROR(Field(s.steps > 0 || s.epochs > 0, "epochs", "must be > 0 when steps is 0"));
+  SLIDE_RETURN_IF_ERROR(Field(s.batch_size >= 1, "batch_size", "must be >= 1"));
+  const int64_t micro = s.micro_batch_size == 0 ? s.batch_size : s.micro_batch_size;
+  SLIDE_RETURN_IF_ERROR(Field(micro >= 1 && s.batch_size % micro == 0, "micro_batch_size",
+                              "must divide batch_size (" + std::to_string(s.batch_size) + ")"));
+  SLIDE_RETURN_IF_ERROR(Field(s.seq_len >= 2 && s.seq_len <= (1 << 20), "seq_len", "must be in [2, 1048576]"));
+  SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lr) && s.lr > 0 && s.lr < 1, "lr", "must be in (0, 1)"));
+  SLIDE_RETURN_IF_ERROR(ParseLrScheduleKind(s.lr_schedule).status().WithContext("job field 'lr_schedule'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.warmup_steps >= 0, "warmup_steps", "must be >= 0"));
+  SLIDE_RETURN_IF_ERROR(Field(s.weight_decay >= 0 && s.weight_decay < 1, "weight_decay", "must be in [0, 1)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.adam_beta1 >= 0 && s.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.adam_beta2 >= 0 && s.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.adam_eps > 0, "adam_eps", "must be > 0"));
+  SLIDE_RETURN_IF_ERROR(ParseDatasetFormat(s.dataset_format).status().WithContext("job field 'dataset_format'"));
+  SLIDE_RETURN_IF_ERROR(ParseChatTemplate(s.chat_template).status().WithContext("job field 'chat_template'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.sequence_mode == "pack" || s.sequence_mode == "truncate", "sequence_mode",
+                              "must be pack or truncate, got '" + s.sequence_mode + "'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.bad_lines == "fail" || s.bad_lines == "skip", "bad_lines",
+                              "must be fail or skip, got '" + s.bad_lines + "'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.eval_fraction >= 0 && s.eval_fraction < 1, "eval_fraction", "must be in [0, 1)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.device == "auto" || s.device == "cpu" || s.device == "cuda", "device",
+                              "must be auto, cpu or cuda, got '" + s.device + "'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.compute_dtype == "auto" || s.compute_dtype == "bf16" || s.compute_dtype == "fp32",
+                              "compute_dtype", "must be auto, bf16 or fp32, got '" + s.compute_dtype + "'"));
+  SLIDE_RETURN_IF_ERROR(Field(s.gpu_budget_bytes > 0, "gpu_budget_bytes", "must be > 0"));
+  SLIDE_RETURN_IF_ERROR(Field(s.window >= 0, "window", "must be >= 0 (0 = chosen by the planner)"));
+  SLIDE_RETURN_IF_ERROR(
+      Field(s.activation_placement == "auto" || s.activation_placement == "device" || s.activation_placement == "host",
+            "activation_placement", "must be auto, device or host"));
+  SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
+  return Status::Ok();
+}
+
+StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& cb,
+                                        const std::atomic<bool>* cancel) {
+  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  auto log = [&](const std::string& m) {
+    if (cb.on_log) cb.on_log(m);
+  };
+  try {
+    const bool cuda = spec.device == "cuda" || (spec.device == "auto" && at::hasCUDA());
+    if (cuda && !at::hasCUDA())
+      return Status(StatusCode::kFailedPrecondition, "device 'cuda' requested but no CUDA device is present");
+    const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+    const c10::ScalarType dtype = spec.compute_dtype == "bf16"   ? c10::kBFloat16
+                                  : spec.compute_dtype == "fp32" ? c10::kFloat
+                                  : cuda                         ? c10::kBFloat16
+                                                                 : c10::kFloat;
+
+    SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
+    SLIDE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(spec.model_dir + "/tokenizer.json"));
+    SLIDE_ASSIGN_OR_RETURN(TokenizerConfig tcfg, LoadTokenizerConfig(spec.model_dir));
+    if (tokenizer->vocab_size() > cfg.vocab_size)
+      return InvalidArgument("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                             " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
+
+    DatasetOptions d;
+    d.seq_len = spec.seq_len;
+    d.mode = spec.sequence_mode == "pack" ? SequenceMode::kPack : SequenceMode::kTruncate;
+    d.format = ParseDatasetFormat(spec.dataset_format).value();
+    d.chat_template = ParseChatTemplate(spec.chat_template).value();
+    d.bad_lines = spec.bad_lines == "skip" ? BadLinePolicy::kSkip : BadLinePolicy::kFail;
+    d.bos_token = tcfg.bos_token;
+    d.eos_token = tcfg.eos_token;
+    d.pad_token = tcfg.pad_token;
+    d.eval_fraction = spec.eval_fraction;
+    d.seed = spec.seed;
+    SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJsonlDataset(spec.dataset_path, *tokenizer, d));
+    log("dataset: " + std::to_string(ds.stats.samples) + " samples, " + std::to_string(ds.train.size()) +
+        " training and " + std::to_string(ds.eval.size()) + " held-out sequences of " + std::to_string(spec.seq_len) +
+        " tokens; " + std::to_string(ds.stats.skipped) + " lines skipped");
+    for (const auto& e : ds.stats.errors) log("skipped: " + e);
+
+    const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+    const int64_t accum = spec.batch_size / micro;
+    const int64_t n_train = static_cast<int64_t>(ds.train.size());
+    const int64_t total = spec.steps > 0
+                              ? spec.steps
+                              : std::max<int64_t>(1, (spec.epochs * n_train + spec.batch_size - 1) / spec.batch_size);
+
+    TrainerOptions o;
+    o.adamw = {.lr = spec.lr,
+               .beta1 = spec.adam_beta1,
+               .beta2 = spec.adam_beta2,
+               .eps = spec.adam_eps,
+               .weight_decay = spec.weight_decay};
+    o.schedule = {.kind = ParseLrScheduleKind(spec.lr_schedule).value(),
+                  .peak_lr = spec.lr,
+                  .warmup_steps = spec.warmup_steps,
+                  .total_steps = total};
+    o.max_grad_norm = spec.max_grad_norm;
+    o.compute_dtype = dtype;
+    o.device = device;
+    PlanRequest plan_request;
+    plan_request.micro_batch = micro;
+    plan_request.seq_len = spec.seq_len;
+    plan_request.grad_accum = accum;
+    plan_request.device_budget_bytes = spec.gpu_budget_bytes;
+    plan_request.window = spec.window;
+    plan_request.checkpoints = spec.activation_placement == "device" ? CheckpointPlacement::kDevice
+                               : spec.activation_placement == "host" ? CheckpointPlacement::kHost
+                                                                     : CheckpointPlacement::kAuto;
+    if (!cuda) plan_request.device_reserved_bytes = 0;
+    SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
+    MemoryPlan plan;
+    SLIDE_ASSIGN_OR_RETURN(auto trainer,
+                           SlidingTrainer::Create(cfg, std::move(master), {.train = o}, plan_request, &plan));
+    log("memory plan:\n" + plan.ToString());
+    log("training " + std::to_string(total) + " steps on " + (cuda ? "cuda" : "cpu") + " in " +
+        (dtype == c10::kBFloat16 ? "bf16" : "fp32"));
+
+    BatchOrder order(n_train, spec.seed);
+    TrainingResult result;
+    const double n_params = static_cast<double>(cfg.TotalParamCount());
+    for (int64_t step = 0; step < total; ++step) {
+      if (cancel != nullptr && cancel->load())
+        return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
+      std::vector<MicroBatch> mbs;
+      for (int64_t a = 0; a < accum; ++a) mbs.push_back(ToMicroBatch(ds.train, order.Next(micro)));
+      StepStats st = trainer->Step(mbs);
+      const ResourceBusy& b = trainer->last_busy();
+      result.steps = st.step;
+      result.final_loss = st.loss;
+      if (cb.on_step && (st.step % spec.log_every == 0 || st.step == total)) {
+        TrainingStepEvent e;
+        e.step = st.step;
+        e.total_steps = total;
+        e.loss = st.loss;
+        e.lr = st.lr;
+        e.grad_norm = st.grad_norm;
+        e.step_seconds = b.step;
+        const double tokens = static_cast<double>(spec.batch_size * spec.seq_len);
+        e.tokens_per_second = b.step > 0 ? tokens / b.step : 0;
+        e.model_tflops = b.step > 0 ? 6.0 * n_params * tokens / b.step / 1e12 : 0;
+        e.compute_seconds = b.compute;
+        e.h2d_seconds = b.h2d;
+        e.d2h_seconds = b.d2h;
+        e.cpu_update_seconds = b.cpu_update;
+        e.bounded_by = b.Bound();
+        cb.on_step(e);
+      }
+    }
+    if (!ds.eval.empty()) {
+      std::vector<MicroBatch> eval;
+      for (int64_t i = 0; i < static_cast<int64_t>(ds.eval.size()); i += micro) {
+        std::vector<int64_t> rows;
+        for (int64_t k = i; k < std::min<int64_t>(i + micro, ds.eval.size()); ++k) rows.push_back(k);
+        eval.push_back(ToMicroBatch(ds.eval, rows));
+      }
+      result.eval_loss = trainer->EvalLoss(eval);
+      log("held-out loss " + std::to_string(result.eval_loss));
+    }
+    ModelParams final_weights = trainer->Master();
+    SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec.output_dir, spec.model_dir, final_weights));
+    result.export_dir = spec.output_dir;
+    log("exported to " + spec.output_dir);
+    return result;
+  } catch (const c10::OutOfMemoryError& e) {
+    return ResourceExhausted(std::string("out of memory: ") + e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return Internal(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+}  // namespace slide

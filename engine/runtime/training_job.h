@@ -1,0 +1,74 @@
+// A fine-tuning job at the engine boundary: plain structs in, events out, no gRPC. RunTrainingJob loads the
+// Hugging Face model directory, tokenizer and JSONL dataset, plans memory, trains with the sliding-window
+// trainer, evaluates on the held-out split and exports a Hugging Face directory. Bad input fails this job
+// with a precise status; cancellation is honoured at step boundaries.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "engine/common/status.h"
+
+namespace slide {
+
+struct TrainingJobSpec {
+  std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
+  std::string dataset_path;  // JSONL
+  std::string output_dir;    // the export goes here
+  // Hyperparameters.
+  int64_t steps = 0;  // optimizer steps; 0 = derive from epochs
+  int64_t epochs = 1;
+  int64_t batch_size = 8;        // sequences per optimizer step
+  int64_t micro_batch_size = 0;  // 0 = batch_size (no accumulation)
+  int64_t seq_len = 512;
+  double lr = 1e-5;
+  std::string lr_schedule = "cosine";
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;
+  uint64_t seed = 0;
+  // Data.
+  std::string dataset_format = "auto";
+  std::string chat_template = "llama3";
+  std::string sequence_mode = "pack";  // pack | truncate
+  std::string bad_lines = "fail";      // fail | skip
+  double eval_fraction = 0.0;
+  // Engine.
+  std::string device = "auto";         // auto | cpu | cuda
+  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+  int64_t gpu_budget_bytes = 24ll << 30;
+  int64_t window = 0;                         // 0 = the planner chooses
+  std::string activation_placement = "auto";  // auto | device | host
+  int64_t log_every = 1;
+};
+
+// Validates ranges and names (not files): every message names the field.
+Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
+
+struct TrainingStepEvent {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_second = 0, model_tflops = 0, step_seconds = 0;
+  double compute_seconds = 0, h2d_seconds = 0, d2h_seconds = 0, cpu_update_seconds = 0;
+  std::string bounded_by;
+};
+
+struct TrainingCallbacks {
+  std::function<void(const std::string&)> on_log;
+  std::function<void(const TrainingStepEvent&)> on_step;
+};
+
+struct TrainingResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  double eval_loss = -1;  // -1 without a held-out split
+  std::string export_dir;
+};
+
+StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& callbacks,
+                                        const std::atomic<bool>* cancel);
+
+}  // namespace slide
