@@ -48,6 +48,10 @@ separate_arguments(SLIDE_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 
 find_package(nlohmann_json 3.10 REQUIRED)
+# The service: protobuf in module mode (Debian ships no config) before gRPC's config package.
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 # Tokenizer: PCRE2 for the pre-tokenizer regexes (Unicode properties), ICU for NFC normalization.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

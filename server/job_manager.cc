@@ -1,0 +1,189 @@
+#include "server/job_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace slide {
+namespace {
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+const char* JobStateName(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kPreparing:
+      return "PREPARING";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+  }
+  return "?";
+}
+
+JobManager::JobManager(JobManagerOptions options) : options_(options), engine_([this] { EngineLoop(); }) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+void JobManager::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    if (!running_.empty()) jobs_[running_]->cancel = true;
+  }
+  cv_.notify_all();
+  if (engine_.joinable()) engine_.join();
+}
+
+void JobManager::AddEvent(Job& job, JobEventRecord e) {
+  e.seq = job.next_seq++;
+  job.events.push_back(std::move(e));
+  while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
+  cv_.notify_all();
+}
+
+void JobManager::SetState(Job& job, JobState s) {
+  job.record.state = s;
+  if (IsFinal(s)) job.record.finished_unix_ms = NowMs();
+  JobEventRecord e;
+  e.kind = JobEventRecord::Kind::kState;
+  e.state = s;
+  AddEvent(job, e);
+}
+
+StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {
+  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
+  char id[32];
+  std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(next_id_++));
+  auto job = std::make_unique<Job>();
+  job->record.id = id;
+  job->record.name = name;
+  job->record.spec = spec;
+  job->record.created_unix_ms = NowMs();
+  SetState(*job, JobState::kQueued);
+  JobRecord copy = job->record;
+  order_.push_back(id);
+  queue_.push_back(id);
+  jobs_[id] = std::move(job);
+  cv_.notify_all();
+  return copy;
+}
+
+StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  return it->second->record;
+}
+
+std::vector<JobRecord> JobManager::List(std::optional<JobState> state) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<JobRecord> out;
+  for (const auto& id : order_) {
+    const JobRecord& r = jobs_.at(id)->record;
+    if (!state || r.state == *state) out.push_back(r);
+  }
+  return out;
+}
+
+StatusOr<JobRecord> JobManager::Cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  Job& job = *it->second;
+  if (job.record.state == JobState::kQueued) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    SetState(job, JobState::kCancelled);
+  } else if (!IsFinal(job.record.state)) {
+    job.cancel = true;  // the engine thread stops at the next step boundary
+  }
+  return job.record;
+}
+
+StatusOr<std::vector<JobEventRecord>> JobManager::Events(const std::string& id, int64_t after_seq, int wait_ms,
+                                                         bool* final) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  Job& job = *it->second;
+  cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return job.next_seq - 1 > after_seq || stop_; });
+  std::vector<JobEventRecord> out;
+  for (const auto& e : job.events)
+    if (e.seq > after_seq) out.push_back(e);
+  *final = IsFinal(job.record.state) && (out.empty() || out.back().seq == job.next_seq - 1);
+  return out;
+}
+
+int JobManager::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(queue_.size());
+}
+
+std::string JobManager::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
+}
+
+void JobManager::EngineLoop() {
+  while (true) {
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      running_ = queue_.front();
+      queue_.pop_front();
+      job = jobs_[running_].get();
+      SetState(*job, JobState::kPreparing);
+    }
+    TrainingCallbacks cb;
+    cb.on_log = [&](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mu_);
+      JobEventRecord e;
+      e.log = m;
+      AddEvent(*job, e);
+    };
+    cb.on_step = [&](const TrainingStepEvent& s) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (job->record.state == JobState::kPreparing) SetState(*job, JobState::kRunning);
+      job->record.step = s.step;
+      job->record.total_steps = s.total_steps;
+      job->record.loss = s.loss;
+      JobEventRecord e;
+      e.kind = JobEventRecord::Kind::kMetrics;
+      e.metrics = s;
+      AddEvent(*job, e);
+    };
+    auto result = RunTrainingJob(job->record.spec, cb, &job->cancel);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (result.ok()) {
+      job->record.eval_loss = result->eval_loss;
+      job->record.export_dir = result->export_dir;
+      SetState(*job, JobState::kSucceeded);
+    } else if (result.status().code() == StatusCode::kCancelled) {
+      job->record.error = result.status().message();
+      SetState(*job, JobState::kCancelled);
+    } else {
+      job->record.error = result.status().ToString();
+      JobEventRecord e;
+      e.log = "error: " + job->record.error;
+      AddEvent(*job, e);
+      SetState(*job, JobState::kFailed);
+    }
+    running_.clear();
+  }
+}
+
+}  // namespace slide

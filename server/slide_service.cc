@@ -1,0 +1,198 @@
+#include "server/slide_service.h"
+
+namespace slide {
+namespace {
+
+v1::JobState ToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return v1::QUEUED;
+    case JobState::kPreparing:
+      return v1::PREPARING;
+    case JobState::kRunning:
+      return v1::RUNNING;
+    case JobState::kSucceeded:
+      return v1::SUCCEEDED;
+    case JobState::kFailed:
+      return v1::FAILED;
+    case JobState::kCancelled:
+      return v1::CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+void FillJob(const JobRecord& r, const v1::JobSpec* spec, v1::Job* out) {
+  out->set_id(r.id);
+  if (spec != nullptr) *out->mutable_spec() = *spec;
+  out->mutable_spec()->set_name(r.name);
+  out->mutable_spec()->set_model_dir(r.spec.model_dir);
+  out->mutable_spec()->set_dataset(r.spec.dataset_path);
+  out->mutable_spec()->set_output_dir(r.spec.output_dir);
+  out->set_state(ToProto(r.state));
+  out->set_step(r.step);
+  out->set_total_steps(r.total_steps);
+  out->set_loss(r.loss);
+  out->set_eval_loss(r.eval_loss);
+  out->set_error(r.error);
+  out->set_export_dir(r.export_dir);
+  out->set_created_unix_ms(r.created_unix_ms);
+  out->set_finished_unix_ms(r.finished_unix_ms);
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kInvalidArgument:
+      return {grpc::StatusCode::INVALID_ARGUMENT, s.message()};
+    case StatusCode::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, s.message()};
+    case StatusCode::kResourceExhausted:
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message()};
+    case StatusCode::kFailedPrecondition:
+      return {grpc::StatusCode::FAILED_PRECONDITION, s.message()};
+    case StatusCode::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, s.message()};
+    case StatusCode::kUnauthenticated:
+      return {grpc::StatusCode::UNAUTHENTICATED, s.message()};
+    case StatusCode::kCancelled:
+      return {grpc::StatusCode::CANCELLED, s.message()};
+    case StatusCode::kDataLoss:
+      return {grpc::StatusCode::DATA_LOSS, s.message()};
+    case StatusCode::kInternal:
+      return {grpc::StatusCode::INTERNAL, s.message()};
+  }
+  return {grpc::StatusCode::UNKNOWN, s.message()};
+}
+
+TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
+  TrainingJobSpec s;
+  s.model_dir = p.model_dir();
+  s.dataset_path = p.dataset();
+  s.output_dir = p.output_dir();
+  if (p.steps() != 0) s.steps = p.steps();
+  if (p.epochs() != 0) s.epochs = p.epochs();
+  if (p.batch_size() != 0) s.batch_size = p.batch_size();
+  if (p.micro_batch_size() != 0) s.micro_batch_size = p.micro_batch_size();
+  if (p.seq_len() != 0) s.seq_len = p.seq_len();
+  if (p.lr() != 0) s.lr = p.lr();
+  if (!p.lr_schedule().empty()) s.lr_schedule = p.lr_schedule();
+  if (p.warmup_steps() != 0) s.warmup_steps = p.warmup_steps();
+  if (p.weight_decay() != 0) s.weight_decay = p.weight_decay();
+  if (p.has_max_grad_norm()) s.max_grad_norm = p.max_grad_norm();
+  s.seed = p.seed();
+  if (!p.dataset_format().empty()) s.dataset_format = p.dataset_format();
+  if (!p.chat_template().empty()) s.chat_template = p.chat_template();
+  if (!p.sequence_mode().empty()) s.sequence_mode = p.sequence_mode();
+  if (!p.bad_lines().empty()) s.bad_lines = p.bad_lines();
+  s.eval_fraction = p.eval_fraction();
+  if (!p.device().empty()) s.device = p.device();
+  if (!p.compute_dtype().empty()) s.compute_dtype = p.compute_dtype();
+  if (p.gpu_budget_bytes() != 0) s.gpu_budget_bytes = p.gpu_budget_bytes();
+  s.window = p.window();
+  if (!p.activation_placement().empty()) s.activation_placement = p.activation_placement();
+  return s;
+}
+
+grpc::Status SlideService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                     v1::SubmitJobResponse* resp) {
+  if (draining_) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
+  auto r = jobs_.Submit(req->spec().name(), SpecFromProto(req->spec()));
+  if (!r.ok()) return ToGrpc(r.status());
+  FillJob(r.value(), &req->spec(), resp->mutable_job());
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::GetJobResponse* resp) {
+  auto r = jobs_.Get(req->id());
+  if (!r.ok()) return ToGrpc(r.status());
+  FillJob(r.value(), nullptr, resp->mutable_job());
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) {
+  std::optional<JobState> filter;
+  for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
+                     JobState::kFailed, JobState::kCancelled})
+    if (req->state() == ToProto(s)) filter = s;
+  if (req->page_size() < 0) return {grpc::StatusCode::INVALID_ARGUMENT, "page_size must be >= 0"};
+  const size_t page = req->page_size() == 0 ? 100 : static_cast<size_t>(req->page_size());
+  size_t start = 0;
+  if (!req->page_token().empty()) {
+    try {
+      start = std::stoul(req->page_token());
+    } catch (const std::exception&) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "bad page_token '" + req->page_token() + "'"};
+    }
+  }
+  auto all = jobs_.List(filter);
+  for (size_t i = start; i < all.size() && i < start + page; ++i) FillJob(all[i], nullptr, resp->add_jobs());
+  if (start + page < all.size()) resp->set_next_page_token(std::to_string(start + page));
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                                     v1::CancelJobResponse* resp) {
+  auto r = jobs_.Cancel(req->id());
+  if (!r.ok()) return ToGrpc(r.status());
+  FillJob(r.value(), nullptr, resp->mutable_job());
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                    grpc::ServerWriter<v1::JobEvent>* writer) {
+  int64_t after = req->after_seq();
+  while (!ctx->IsCancelled()) {
+    bool final = false;
+    auto events = jobs_.Events(req->id(), after, 200, &final);
+    if (!events.ok()) return ToGrpc(events.status());
+    for (const auto& e : events.value()) {
+      v1::JobEvent out;
+      out.set_seq(e.seq);
+      switch (e.kind) {
+        case JobEventRecord::Kind::kState:
+          out.set_state(ToProto(e.state));
+          break;
+        case JobEventRecord::Kind::kLog:
+          out.set_log(e.log);
+          break;
+        case JobEventRecord::Kind::kMetrics: {
+          auto* m = out.mutable_metrics();
+          const auto& s = e.metrics;
+          m->set_step(s.step);
+          m->set_total_steps(s.total_steps);
+          m->set_loss(s.loss);
+          m->set_lr(s.lr);
+          m->set_grad_norm(s.grad_norm);
+          m->set_tokens_per_second(s.tokens_per_second);
+          m->set_model_tflops(s.model_tflops);
+          m->set_step_seconds(s.step_seconds);
+          m->set_compute_seconds(s.compute_seconds);
+          m->set_h2d_seconds(s.h2d_seconds);
+          m->set_d2h_seconds(s.d2h_seconds);
+          m->set_cpu_update_seconds(s.cpu_update_seconds);
+          m->set_bounded_by(s.bounded_by);
+          break;
+        }
+      }
+      if (!writer->Write(out)) return grpc::Status::OK;  // the watcher left; the job goes on
+      after = e.seq;
+    }
+    if (final) return grpc::Status::OK;
+    if (draining_ && events.value().empty()) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*,
+                                           v1::ServerStatus* resp) {
+  resp->set_version("0.1.0");
+  resp->set_queued_jobs(jobs_.queued());
+  resp->set_running_job(jobs_.running());
+  resp->set_draining(draining_);
+  return grpc::Status::OK;
+}
+
+}  // namespace slide
