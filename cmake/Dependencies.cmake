@@ -52,6 +52,7 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(Threads REQUIRED)
+find_package(yaml-cpp REQUIRED)  # 0.7: target yaml-cpp
 find_package(PkgConfig REQUIRED)
 # Tokenizer: PCRE2 for the pre-tokenizer regexes (Unicode properties), ICU for NFC normalization.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

@@ -177,7 +177,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         e.h2d_seconds = b.h2d;
         e.d2h_seconds = b.d2h;
         e.cpu_update_seconds = b.cpu_update;
-        e.bounded_by = b.Bound();
+        e.bounded_by = cuda ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
         cb.on_step(e);
       }
     }

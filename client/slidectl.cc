@@ -1,0 +1,248 @@
+// slidectl: the command-line client of slided.
+// Exit codes: 0 done / job succeeded, 1 job failed or cancelled, 2 usage or bad input, 3 daemon unreachable or
+// authentication refused. Errors are one line: the daemon's message.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "client/job_file.h"
+#include "slide/v1/slide.grpc.pb.h"
+
+namespace v1 = slide::v1;
+
+namespace {
+
+constexpr int kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3;
+
+const char* kUsageText = R"(usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--json] COMMAND [ARGS]
+commands:
+  submit FILE.yaml [--follow]   submit a job (fields of slide.v1.JobSpec); --follow watches it to the end
+  watch ID                      follow a job: progress, then a summary (Ctrl-C detaches, the job goes on)
+  logs ID                       print a job's log lines
+  list [--state STATE]          list jobs (QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+  get ID                        show one job
+  cancel ID                     cancel a queued or running job
+  status                        the daemon's state and queue
+environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN
+)";
+
+struct Options {
+  std::string addr = std::getenv("SLIDE_ADDR") ? std::getenv("SLIDE_ADDR") : "127.0.0.1:50151";
+  std::string token = std::getenv("SLIDE_TOKEN") ? std::getenv("SLIDE_TOKEN") : "";
+  bool json = false;
+};
+
+int Fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "slidectl: %s\n", msg.c_str());
+  return code;
+}
+
+int RpcError(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return Fail(kUnreachable, s.error_message().empty() ? "cannot reach the daemon" : s.error_message());
+    default:
+      return Fail(kUsage, s.error_message());
+  }
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+void Prepare(grpc::ClientContext& ctx, const Options& o, int seconds) {
+  if (!o.token.empty()) ctx.AddMetadata("authorization", "Bearer " + o.token);
+  if (seconds > 0) ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+}
+
+void PrintJob(const v1::Job& j) {
+  std::printf("%s  %-10s step %lld/%lld  loss %.4f", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
+              static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()), j.loss());
+  if (!j.spec().name().empty()) std::printf("  %s", j.spec().name().c_str());
+  if (!j.error().empty()) std::printf("  error: %s", j.error().c_str());
+  if (!j.export_dir().empty()) std::printf("  export: %s", j.export_dir().c_str());
+  std::printf("\n");
+}
+
+// Streams a job's events. On a terminal one progress line is redrawn; otherwise one line per step.
+int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool logs_only) {
+  grpc::ClientContext ctx;
+  Prepare(ctx, o, 0);
+  v1::WatchJobRequest req;
+  req.set_id(id);
+  auto reader = stub.WatchJob(&ctx, req);
+  const bool tty = isatty(fileno(stdout)) && !o.json;
+  v1::JobEvent e;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  double first_loss = -1, last_loss = 0;
+  int64_t steps = 0;
+  auto start = std::chrono::steady_clock::now();
+  while (reader->Read(&e)) {
+    if (o.json) {
+      std::printf("%s\n", Json(e).c_str());
+      std::fflush(stdout);
+    }
+    if (e.kind_case() == v1::JobEvent::kState) state = e.state();
+    if (logs_only) {
+      if (e.kind_case() == v1::JobEvent::kLog && !o.json) std::printf("%s\n", e.log().c_str());
+      continue;
+    }
+    if (e.has_metrics()) {
+      const auto& m = e.metrics();
+      if (first_loss < 0) first_loss = m.loss();
+      last_loss = m.loss();
+      steps = m.step();
+      if (o.json) continue;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double eta = m.step() > 0 ? elapsed / m.step() * (m.total_steps() - m.step()) : 0;
+      std::printf("%sstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.1f TFLOPS  ETA %ds  bound: %s%s",
+                  tty ? "\r\033[K" : "", static_cast<long long>(m.step()), static_cast<long long>(m.total_steps()),
+                  m.loss(), m.lr(), m.tokens_per_second(), m.model_tflops(), static_cast<int>(eta),
+                  m.bounded_by().c_str(), tty ? "" : "\n");
+      std::fflush(stdout);
+    } else if (!o.json && e.kind_case() == v1::JobEvent::kState && !tty) {
+      std::printf("state %s\n", v1::JobState_Name(e.state()).c_str());
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return RpcError(s);
+  if (tty) std::printf("\n");
+  if (!o.json && !logs_only)
+    std::printf("%s %s: %lld steps, loss %.4f -> %.4f\n", id.c_str(), v1::JobState_Name(state).c_str(),
+                static_cast<long long>(steps), first_loss, last_loss);
+  if (!logs_only) {
+    grpc::ClientContext c;
+    Prepare(c, o, 10);
+    v1::GetJobRequest g;
+    g.set_id(id);
+    v1::GetJobResponse job;
+    if (stub.GetJob(&c, g, &job).ok() && !o.json) {
+      if (!job.job().error().empty()) std::printf("error: %s\n", job.job().error().c_str());
+      if (!job.job().export_dir().empty()) std::printf("exported model: %s\n", job.job().export_dir().c_str());
+    }
+  }
+  return state == v1::SUCCEEDED ? kOk : kJobFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--addr" && i + 1 < argc) {
+      o.addr = argv[++i];
+    } else if (a == "--token" && i + 1 < argc) {
+      o.token = argv[++i];
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsageText);
+      return kOk;
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.empty()) return Fail(kUsage, "no command (see --help)");
+  const std::string cmd = args[0];
+  auto need = [&](size_t n) { return args.size() >= n; };
+  auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials()));
+
+  if (cmd == "submit") {
+    if (!need(2)) return Fail(kUsage, "submit needs a job file");
+    v1::SubmitJobRequest req;
+    const std::string err = slidectl::LoadJobFile(args[1], req.mutable_spec());
+    if (!err.empty()) return Fail(kUsage, err);
+    grpc::ClientContext ctx;
+    Prepare(ctx, o, 30);
+    v1::SubmitJobResponse resp;
+    grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+    if (!s.ok()) return RpcError(s);
+    const bool follow = std::find(args.begin(), args.end(), "--follow") != args.end();
+    if (o.json && !follow) std::printf("%s\n", Json(resp.job()).c_str());
+    if (!o.json) std::printf("submitted %s\n", resp.job().id().c_str());
+    return follow ? Watch(*stub, o, resp.job().id(), false) : kOk;
+  }
+  if (cmd == "watch" || cmd == "logs") {
+    if (!need(2)) return Fail(kUsage, cmd + " needs a job id");
+    return Watch(*stub, o, args[1], cmd == "logs");
+  }
+  if (cmd == "get" || cmd == "cancel") {
+    if (!need(2)) return Fail(kUsage, cmd + " needs a job id");
+    grpc::ClientContext ctx;
+    Prepare(ctx, o, 30);
+    v1::Job job;
+    grpc::Status s;
+    if (cmd == "get") {
+      v1::GetJobRequest r;
+      r.set_id(args[1]);
+      v1::GetJobResponse resp;
+      s = stub->GetJob(&ctx, r, &resp);
+      job = resp.job();
+    } else {
+      v1::CancelJobRequest r;
+      r.set_id(args[1]);
+      v1::CancelJobResponse resp;
+      s = stub->CancelJob(&ctx, r, &resp);
+      job = resp.job();
+    }
+    if (!s.ok()) return RpcError(s);
+    o.json ? (void)std::printf("%s\n", Json(job).c_str()) : PrintJob(job);
+    return kOk;
+  }
+  if (cmd == "list") {
+    v1::ListJobsRequest r;
+    for (size_t i = 1; i + 1 < args.size(); ++i)
+      if (args[i] == "--state") {
+        v1::JobState st;
+        if (!v1::JobState_Parse(args[i + 1], &st)) return Fail(kUsage, "unknown state '" + args[i + 1] + "'");
+        r.set_state(st);
+      }
+    v1::ListJobsResponse all;
+    do {
+      grpc::ClientContext ctx;
+      Prepare(ctx, o, 30);
+      v1::ListJobsResponse page;
+      grpc::Status s = stub->ListJobs(&ctx, r, &page);
+      if (!s.ok()) return RpcError(s);
+      for (const auto& j : page.jobs()) *all.add_jobs() = j;
+      r.set_page_token(page.next_page_token());
+    } while (!r.page_token().empty());
+    if (o.json) {
+      std::printf("%s\n", Json(all).c_str());
+    } else {
+      for (const auto& j : all.jobs()) PrintJob(j);
+    }
+    return kOk;
+  }
+  if (cmd == "status") {
+    grpc::ClientContext ctx;
+    Prepare(ctx, o, 10);
+    v1::GetServerStatusRequest r;
+    v1::ServerStatus st;
+    grpc::Status s = stub->GetServerStatus(&ctx, r, &st);
+    if (!s.ok()) return RpcError(s);
+    if (o.json) {
+      std::printf("%s\n", Json(st).c_str());
+    } else {
+      std::printf("slided %s at %s: %d queued, running: %s%s\n", st.version().c_str(), o.addr.c_str(), st.queued_jobs(),
+                  st.running_job().empty() ? "none" : st.running_job().c_str(), st.draining() ? " (draining)" : "");
+    }
+    return kOk;
+  }
+  return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
+}

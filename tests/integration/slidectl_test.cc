@@ -1,0 +1,138 @@
+// The real slidectl binary against a real slided: submit + follow to success, list/get/cancel, JSON output
+// parsed back, exit codes for failures, bad files and an unreachable daemon.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "tests/integration/daemon_process.h"
+
+namespace {
+
+using slide::testing::Daemon;
+
+struct CliResult {
+  int code;
+  std::string out;
+};
+
+CliResult Slidectl(const std::string& args) {
+  const std::string cmd = std::string(SLIDECTL_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string WriteJob(const Daemon& d, const std::string& name, int steps, const std::string& extra = "") {
+  const std::string path = d.Path(name + ".yaml");
+  std::ofstream(path) << "name: " << name << "\nmodel_dir: " << SLIDE_SOURCE_DIR << "/deploy/demo/model\n"
+                      << "dataset: " << SLIDE_SOURCE_DIR << "/deploy/demo/train.jsonl\noutput_dir: out-" << name
+                      << "\nsteps: " << steps << "\nbatch_size: 16\nseq_len: 32\nsequence_mode: truncate\nlr: 0.003\n"
+                      << "warmup_steps: 2\ndevice: cpu\n"
+                      << extra;
+  return path;
+}
+
+TEST(Slidectl, SubmitFollowListGetCancel) {
+  Daemon d;
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  CliResult r = Slidectl(addr + " submit " + WriteJob(d, "first", 15) + " --follow");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 15/15"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("SUCCEEDED: 15 steps, loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exported model: " + d.Path("out-first")), std::string::npos) << r.out;
+
+  r = Slidectl(addr + " --json list --state SUCCEEDED");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto list = nlohmann::json::parse(r.out);
+  ASSERT_EQ(list["jobs"].size(), 1u);
+  const std::string id = list["jobs"][0]["id"];
+  EXPECT_EQ(list["jobs"][0]["state"], "SUCCEEDED");
+
+  r = Slidectl(addr + " --json get " + id);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["step"], "15");  // int64 is a string in proto JSON
+
+  // Two more: the second waits in the queue and is cancelled there.
+  ASSERT_EQ(Slidectl(addr + " submit " + WriteJob(d, "second", 30)).code, 0);
+  r = Slidectl(addr + " --json submit " + WriteJob(d, "third", 30));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string third = nlohmann::json::parse(r.out)["id"];
+  r = Slidectl(addr + " cancel " + third);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CANCELLED"), std::string::npos) << r.out;
+  r = Slidectl(addr + " watch " + third);
+  EXPECT_EQ(r.code, 1) << r.out;  // a cancelled job
+  r = Slidectl(addr + " status");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("slided 0.1.0"), std::string::npos) << r.out;
+}
+
+TEST(Slidectl, ExitCodesAndOneLineErrors) {
+  Daemon d;
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  CliResult r = Slidectl(addr + " submit " + WriteJob(d, "bad", 5, "batch_size: many\n"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("field 'batch_size' has the wrong type ('many')"), std::string::npos) << r.out;
+  r = Slidectl(addr + " submit " + WriteJob(d, "typo", 5, "learning_rate: 0.1\n"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(":12: unknown field 'learning_rate'"), std::string::npos) << r.out;
+  r = Slidectl(addr + " submit " + WriteJob(d, "invalid", 5, "micro_batch_size: 5\n"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: job field 'micro_batch_size' must divide batch_size (16)\n");
+  r = Slidectl(addr + " submit /nonexistent/job.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cannot open job file"), std::string::npos) << r.out;
+  r = Slidectl(addr + " get job-424242");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: no job 'job-424242'\n");
+  r = Slidectl(addr + " frobnicate");
+  EXPECT_EQ(r.code, 2);
+  // A failing job: exit 1 with the daemon's error.
+  std::ofstream(d.Path("broken.yaml")) << "model_dir: /nonexistent/model\ndataset: x.jsonl\noutput_dir: out\n"
+                                          "steps: 2\ndevice: cpu\n";
+  r = Slidectl(addr + " submit " + d.Path("broken.yaml") + " --follow");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("error: NOT_FOUND: /nonexistent/model/config.json"), std::string::npos) << r.out;
+  EXPECT_EQ(d.Terminate(15), 0);
+  r = Slidectl(addr + " --json status");  // nobody listens now
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(Slidectl("--help").code, 0);
+}
+
+// On a terminal, --follow redraws one progress line instead of printing a line per step (read off a real tmux
+// pane), then prints the summary.
+TEST(Slidectl, LiveProgressOnATerminal) {
+  if (std::system("command -v tmux >/dev/null 2>&1") != 0) GTEST_SKIP() << "tmux is not installed";
+  Daemon d;
+  const std::string session = "slidectl-test-" + std::to_string(getpid());
+  const std::string done = d.Path("done");
+  const std::string cmd = std::string(SLIDECTL_PATH) + " --addr 127.0.0.1:" + std::to_string(d.port()) + " submit " +
+                          WriteJob(d, "tty", 25) + " --follow; echo exit=$? > " + done + "; sleep 60";
+  ASSERT_EQ(std::system(("tmux new-session -d -x 160 -y 40 -s " + session + " '" + cmd + "'").c_str()), 0);
+  for (int i = 0; i < 600 && !std::filesystem::exists(done); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string pane_file = d.Path("pane");
+  std::system(("tmux capture-pane -p -t " + session + " > " + pane_file + "; tmux kill-session -t " + session).c_str());
+  std::ifstream in(pane_file);
+  std::string pane((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ifstream exit_in(done);
+  std::string exit_line;
+  std::getline(exit_in, exit_line);
+  EXPECT_EQ(exit_line, "exit=0") << pane;
+  EXPECT_NE(pane.find("step 25/25"), std::string::npos) << pane;
+  EXPECT_EQ(pane.find("step 24/25"), std::string::npos) << "progress should be redrawn in place:\n" << pane;
+  EXPECT_NE(pane.find("SUCCEEDED: 25 steps, loss"), std::string::npos) << pane;
+}
+
+}  // namespace
