@@ -5,10 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -108,10 +108,12 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
       if (o.json) continue;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = m.step() > 0 ? elapsed / m.step() * (m.total_steps() - m.step()) : 0;
-      std::printf("%sstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.1f TFLOPS  ETA %ds  bound: %s%s",
-                  tty ? "\r\033[K" : "", static_cast<long long>(m.step()), static_cast<long long>(m.total_steps()),
-                  m.loss(), m.lr(), m.tokens_per_second(), m.model_tflops(), static_cast<int>(eta),
-                  m.bounded_by().c_str(), tty ? "" : "\n");
+      std::printf(
+          "%sstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.1f TFLOPS  ETA %ds  GPU %.1f GiB  host %.1f GiB  "
+          "bound: %s%s",
+          tty ? "\r\033[K" : "", static_cast<long long>(m.step()), static_cast<long long>(m.total_steps()), m.loss(),
+          m.lr(), m.tokens_per_second(), m.model_tflops(), static_cast<int>(eta), m.device_bytes() / double(1ll << 30),
+          m.host_bytes() / double(1ll << 30), m.bounded_by().c_str(), tty ? "" : "\n");
       std::fflush(stdout);
     } else if (!o.json && e.kind_case() == v1::JobEvent::kState && !tty) {
       std::printf("state %s\n", v1::JobState_Name(e.state()).c_str());
@@ -142,6 +144,7 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
 int main(int argc, char** argv) {
   Options o;
   std::vector<std::string> args;
+  bool wants_help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--addr" && i + 1 < argc) {
@@ -151,14 +154,26 @@ int main(int argc, char** argv) {
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsageText);
-      return kOk;
+      if (args.empty()) {
+        std::printf("%s", kUsageText);
+        return kOk;
+      }
+      wants_help = true;
     } else {
       args.push_back(a);
     }
   }
   if (args.empty()) return Fail(kUsage, "no command (see --help)");
   const std::string cmd = args[0];
+  if (wants_help) {
+    // Per-command help: the command's line from the usage text.
+    const std::string text = kUsageText;
+    const size_t at = text.find("\n  " + cmd + " ");
+    if (at == std::string::npos) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
+    std::printf("usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--json]%s\n",
+                text.substr(at + 2, text.find('\n', at + 1) - at - 2).insert(0, " ").c_str());
+    return kOk;
+  }
   auto need = [&](size_t n) { return args.size() >= n; };
   auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials()));
 
@@ -239,8 +254,9 @@ int main(int argc, char** argv) {
     if (o.json) {
       std::printf("%s\n", Json(st).c_str());
     } else {
-      std::printf("slided %s at %s: %d queued, running: %s%s\n", st.version().c_str(), o.addr.c_str(), st.queued_jobs(),
-                  st.running_job().empty() ? "none" : st.running_job().c_str(), st.draining() ? " (draining)" : "");
+      std::printf("slided %s at %s on %s: %d queued, running: %s%s\n", st.version().c_str(), o.addr.c_str(),
+                  st.device().c_str(), st.queued_jobs(), st.running_job().empty() ? "none" : st.running_job().c_str(),
+                  st.draining() ? " (draining)" : "");
     }
     return kOk;
   }

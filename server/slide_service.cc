@@ -1,5 +1,7 @@
 #include "server/slide_service.h"
 
+#include "engine/runtime/device_info.h"
+
 namespace slide {
 namespace {
 
@@ -174,6 +176,8 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           m->set_d2h_seconds(s.d2h_seconds);
           m->set_cpu_update_seconds(s.cpu_update_seconds);
           m->set_bounded_by(s.bounded_by);
+          m->set_device_bytes(s.device_bytes);
+          m->set_host_bytes(s.host_bytes);
           break;
         }
       }
@@ -188,7 +192,10 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
 
 grpc::Status SlideService::GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*,
                                            v1::ServerStatus* resp) {
+  static const DeviceInfo device = DescribeDevice();
   resp->set_version("0.1.0");
+  resp->set_device(device.description);
+  resp->set_device_memory_bytes(device.total_bytes);
   resp->set_queued_jobs(jobs_.queued());
   resp->set_running_job(jobs_.running());
   resp->set_draining(draining_);

@@ -5,6 +5,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <string>
+
+#if SLIDE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
@@ -15,6 +21,26 @@ namespace {
 
 Status Field(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("job field '" + field + "' " + what);
+}
+
+int64_t ResidentHostBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+int64_t DeviceReservedBytes(bool cuda) {
+#if SLIDE_HAVE_CUDA
+  if (cuda) return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current;
+#endif
+  return 0;
 }
 
 MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int64_t>& rows) {
@@ -177,6 +203,8 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         e.h2d_seconds = b.h2d;
         e.d2h_seconds = b.d2h;
         e.cpu_update_seconds = b.cpu_update;
+        e.device_bytes = DeviceReservedBytes(cuda);
+        e.host_bytes = ResidentHostBytes();
         e.bounded_by = cuda ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
         cb.on_step(e);
       }

@@ -54,6 +54,8 @@ struct TrainingStepEvent {
   double tokens_per_second = 0, model_tflops = 0, step_seconds = 0;
   double compute_seconds = 0, h2d_seconds = 0, d2h_seconds = 0, cpu_update_seconds = 0;
   std::string bounded_by;
+  int64_t device_bytes = 0;  // device memory reserved by the allocator (CUDA; 0 on the CPU)
+  int64_t host_bytes = 0;    // resident host memory of the process
 };
 
 struct TrainingCallbacks {

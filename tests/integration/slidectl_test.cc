@@ -76,6 +76,7 @@ TEST(Slidectl, SubmitFollowListGetCancel) {
   r = Slidectl(addr + " status");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("slided 0.1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" on cpu ("), std::string::npos) << r.out;  // the device (CI has no GPU)
 }
 
 TEST(Slidectl, ExitCodesAndOneLineErrors) {
@@ -108,6 +109,9 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   r = Slidectl(addr + " --json status");  // nobody listens now
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_EQ(Slidectl("--help").code, 0);
+  CliResult help = Slidectl("submit --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("submit FILE.yaml [--follow]"), std::string::npos) << help.out;
 }
 
 // On a terminal, --follow redraws one progress line instead of printing a line per step (read off a real tmux
@@ -133,6 +137,32 @@ TEST(Slidectl, LiveProgressOnATerminal) {
   EXPECT_NE(pane.find("step 25/25"), std::string::npos) << pane;
   EXPECT_EQ(pane.find("step 24/25"), std::string::npos) << "progress should be redrawn in place:\n" << pane;
   EXPECT_NE(pane.find("SUCCEEDED: 25 steps, loss"), std::string::npos) << pane;
+  EXPECT_NE(pane.find("host "), std::string::npos) << pane;  // memory is part of the progress line
+}
+
+// Ctrl-C while following detaches the client; the job runs on to success.
+TEST(Slidectl, CtrlCDetachesWithoutCancelling) {
+  if (std::system("command -v tmux >/dev/null 2>&1") != 0) GTEST_SKIP() << "tmux is not installed";
+  Daemon d;
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string session = "slidectl-ctrlc-" + std::to_string(getpid());
+  const std::string cmd =
+      std::string(SLIDECTL_PATH) + " " + addr + " submit " + WriteJob(d, "detach", 60) + " --follow; sleep 60";
+  ASSERT_EQ(std::system(("tmux new-session -d -x 160 -y 40 -s " + session + " '" + cmd + "'").c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // submitted and following
+  std::system(("tmux send-keys -t " + session + " C-c").c_str());
+  std::string id;
+  for (int i = 0; i < 600; ++i) {  // the job still finishes
+    CliResult r = Slidectl(addr + " --json list");
+    auto jobs = nlohmann::json::parse(r.out)["jobs"];
+    if (!jobs.empty() && jobs[0]["state"] == "SUCCEEDED") {
+      id = jobs[0]["id"];
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::system(("tmux kill-session -t " + session).c_str());
+  EXPECT_FALSE(id.empty()) << "the job did not run to success after the client detached";
 }
 
 }  // namespace
