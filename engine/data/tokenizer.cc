@@ -187,7 +187,6 @@ struct Tokenizer::Impl {
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<DecoderStep> decoder;
   std::vector<int32_t> prefix, suffix;            // TemplateProcessing single: specials around $A
-  bool byte_level_model = false;                  // pieces are ByteLevel-mapped before BPE
   std::vector<int32_t> added_by_first_byte[256];  // indices into `added`, longest first
 
   // Pieces repeat (words), so their BPE result is cached; bounded, cleared when full.
@@ -225,11 +224,11 @@ Status ParseNormalizer(const json& n, std::vector<NormalizerStep>& out) {
   return Status::Ok();
 }
 
-Status ParsePreTokenizer(const json& p, std::vector<PreTokenizerStep>& out, bool& byte_level) {
+Status ParsePreTokenizer(const json& p, std::vector<PreTokenizerStep>& out) {
   if (p.is_null()) return Status::Ok();
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : p["pretokenizers"]) SLIDE_RETURN_IF_ERROR(ParsePreTokenizer(s, out, byte_level));
+    for (const auto& s : p["pretokenizers"]) SLIDE_RETURN_IF_ERROR(ParsePreTokenizer(s, out));
   } else if (type == "Split") {
     if (!p["pattern"].contains("Regex") && !p["pattern"].contains("String"))
       return InvalidArgument("Split pre-tokenizer without a pattern");
@@ -247,7 +246,6 @@ Status ParsePreTokenizer(const json& p, std::vector<PreTokenizerStep>& out, bool
     if (p.value("use_regex", true)) {
       SLIDE_ASSIGN_OR_RETURN(s.regex, Regex::Compile(kGpt2Pattern));
     }
-    byte_level = true;
     out.push_back(s);
   } else if (type == "Metaspace") {
     PreTokenizerStep s{PreTokenizerStep::kMetaspace};
@@ -293,12 +291,11 @@ Status ParseDecoder(const json& d, std::vector<DecoderStep>& out) {
   return Status::Ok();
 }
 
-Status ParsePostProcessor(const json& p, const std::unordered_map<std::string, int32_t>& vocab,
-                          std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+Status ParsePostProcessor(const json& p, std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
   if (p.is_null()) return Status::Ok();
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : p["processors"]) SLIDE_RETURN_IF_ERROR(ParsePostProcessor(s, vocab, prefix, suffix));
+    for (const auto& s : p["processors"]) SLIDE_RETURN_IF_ERROR(ParsePostProcessor(s, prefix, suffix));
   } else if (type == "ByteLevel") {
     // offsets only
   } else if (type == "TemplateProcessing") {
@@ -580,9 +577,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
           static_cast<int32_t>(k));
 
     Status s = ParseNormalizer(root.value("normalizer", json()), impl->normalizer);
-    if (s.ok()) s = ParsePreTokenizer(root.value("pre_tokenizer", json()), impl->pre_tokenizer, impl->byte_level_model);
+    if (s.ok()) s = ParsePreTokenizer(root.value("pre_tokenizer", json()), impl->pre_tokenizer);
     if (s.ok()) s = ParseDecoder(root.value("decoder", json()), impl->decoder);
-    if (s.ok()) s = ParsePostProcessor(root.value("post_processor", json()), impl->vocab, impl->prefix, impl->suffix);
+    if (s.ok()) s = ParsePostProcessor(root.value("post_processor", json()), impl->prefix, impl->suffix);
     if (!s.ok()) return s.WithContext(source);
     return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
   } catch (const json::exception& e) {
