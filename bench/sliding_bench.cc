@@ -15,6 +15,7 @@
 #include <string>
 
 #include "engine/memory/memory_plan.h"
+#include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
 
 using namespace slide;
@@ -103,7 +104,10 @@ int main(int argc, char** argv) {
   o.compute_dtype = c10::kBFloat16;
   o.device = device;
   o.loss.chunk_tokens = 4096;
-  SlidingTrainer trainer(cfg, std::move(init), {.train = o, .window = window, .checkpoints_on_host = false});
+  const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
+  SlidingTrainer trainer(
+      cfg, std::move(init),
+      {.train = o, .window = window, .checkpoints_on_host = false, .device_budget_bytes = gpu_budget});
 
   auto batch_for = [&](int64_t s) {
     at::manual_seed(s);
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
     return std::vector<MicroBatch>{{ids, ShiftLabels(ids)}};
   };
   trainer.Step(batch_for(0));  // warm-up: allocator, cuBLAS handles, first updates
+  const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
   double loss = 0;
   auto t0 = std::chrono::steady_clock::now();
@@ -121,6 +126,7 @@ int main(int argc, char** argv) {
         sum.wait_update += b.wait_update;
   }
   trainer.WaitForUpdates();  // drain the last step's updates so their time counts
+  const DeviceAllocatorStats after_last = ReadDeviceAllocatorStats();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double tokens = double(batch) * seq * steps;
   const double n = double(cfg.TotalParamCount());
@@ -140,11 +146,16 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
-      "\"bounded_by\": \"%s\", \"loss\": %.4f, \"note\": \"device compute/h2d/d2h busy from CUDA "
+      "\"bounded_by\": \"%s\", \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": {\"reserved_after_step1\": "
+      "%lld, \"reserved_after_last\": %lld, \"cudamalloc_calls_after_step1\": %lld, \"cudamalloc_calls_after_last\": "
+      "%lld, \"alloc_retries\": %lld, \"ooms\": %lld}, \"note\": \"device compute/h2d/d2h busy from CUDA "
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, PeakRssBytes(), sum.compute,
-      sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss);
+      sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss, (long long)gpu_budget,
+      (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
+      (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
+      (long long)after_last.alloc_retries, (long long)after_last.ooms);
   return 0;
 }

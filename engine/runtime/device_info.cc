@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <thread>
 
+#include <algorithm>
+
 #if SLIDE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -28,6 +31,37 @@ DeviceInfo DescribeDevice() {
 #endif
   info.description = "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " threads, no CUDA device)";
   return info;
+}
+
+DeviceAllocatorStats ReadDeviceAllocatorStats() {
+  DeviceAllocatorStats out;
+#if SLIDE_HAVE_CUDA
+  if (at::hasCUDA()) {
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    constexpr size_t kAll = 0;  // StatType::AGGREGATE
+    out.reserved_bytes = s.reserved_bytes[kAll].current;
+    out.peak_reserved_bytes = s.reserved_bytes[kAll].peak;
+    out.allocated_bytes = s.allocated_bytes[kAll].current;
+    out.peak_allocated_bytes = s.allocated_bytes[kAll].peak;
+    out.segments_allocated = s.segment[kAll].allocated;
+    out.alloc_retries = s.num_alloc_retries;
+    out.ooms = s.num_ooms;
+  }
+#endif
+  return out;
+}
+
+void LimitDeviceMemory(int64_t budget_bytes) {
+#if SLIDE_HAVE_CUDA
+  if (at::hasCUDA() && budget_bytes > 0) {
+    at::globalContext().lazyInitDevice(at::kCUDA);  // the allocator must exist before it takes a limit
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && total_bytes > 0)
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, double(budget_bytes) / double(total_bytes)), 0);
+  }
+#else
+  (void)budget_bytes;
+#endif
 }
 
 }  // namespace slide

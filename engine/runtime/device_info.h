@@ -14,4 +14,17 @@ struct DeviceInfo {
 
 DeviceInfo DescribeDevice();
 
+// The CUDA caching allocator's counters for device 0 (all zero without CUDA). `segments_allocated` counts
+// cudaMalloc calls over the process: constant after the first step means no allocation grew.
+struct DeviceAllocatorStats {
+  int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
+  int64_t allocated_bytes = 0, peak_allocated_bytes = 0;
+  int64_t segments_allocated = 0, alloc_retries = 0, ooms = 0;
+};
+DeviceAllocatorStats ReadDeviceAllocatorStats();
+
+// Caps what the caching allocator may reserve on device 0 at `budget_bytes` (a process-wide limit: past it
+// allocations fail with out-of-memory instead of growing). No-op without CUDA.
+void LimitDeviceMemory(int64_t budget_bytes);
+
 }  // namespace slide

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/runtime/device_info.h"
+
 namespace slide {
 namespace {
 
@@ -59,6 +61,7 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(request));
   options.window = plan.window;
   options.checkpoints_on_host = plan.checkpoints_on_host;
+  options.device_budget_bytes = request.device_budget_bytes;
   auto trainer = std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options));
   trainer->planned_tokens_ = request.micro_batch * request.seq_len;
   if (plan_out != nullptr) *plan_out = plan;
@@ -71,6 +74,7 @@ void SlidingTrainer::Init() {
   TORCH_CHECK(opts_.window >= 1, "window must be at least 1 slot");
   on_cuda_ = opts_.train.device.is_cuda();
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
+  if (on_cuda_) LimitDeviceMemory(opts_.device_budget_bytes);
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
   queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
 

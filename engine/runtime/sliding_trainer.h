@@ -31,6 +31,7 @@ struct SlidingOptions {
   TrainerOptions train;              // optimizer, schedule, clipping, compute dtype (bf16|fp32), device
   int64_t window = 2;                // layer slots on the device (>= 1)
   bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
+  int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
 };
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock

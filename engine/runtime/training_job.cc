@@ -8,12 +8,9 @@
 #include <fstream>
 #include <string>
 
-#if SLIDE_HAVE_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
+#include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
 
 namespace slide {
@@ -36,12 +33,7 @@ int64_t ResidentHostBytes() {
   return 0;
 }
 
-int64_t DeviceReservedBytes(bool cuda) {
-#if SLIDE_HAVE_CUDA
-  if (cuda) return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current;
-#endif
-  return 0;
-}
+int64_t DeviceReservedBytes(bool cuda) { return cuda ? ReadDeviceAllocatorStats().reserved_bytes : 0; }
 
 MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int64_t>& rows) {
   const int64_t S = static_cast<int64_t>(seqs.at(rows.at(0)).input_ids.size());

@@ -7,7 +7,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
+#include "engine/runtime/device_info.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -150,6 +152,31 @@ TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging_CUDA) {
 TEST(SlidingTrainer, EqualsReferenceBf16_CUDA) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
   RunEquivalence({"llama3", c10::kBFloat16, 2, 2, 1.0}, c10::Device(c10::kCUDA, 0));
+}
+
+// The device memory of a job is fixed by its first step: later steps reuse the caching allocator's blocks
+// (no new cudaMalloc, reserved bytes constant) and stay under the budget the allocator is capped at.
+TEST(SlidingTrainer, NoDeviceAllocationAfterTheFirstStepAndWithinBudget_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  const c10::Device cuda(c10::kCUDA, 0);
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  const int64_t budget = int64_t(256) << 20;
+  SlidingTrainer trainer(fx.config, init,
+                         {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1, .device_budget_bytes = budget});
+  trainer.Step(Batch(0, 2, fx.config.vocab_size, cuda));
+  trainer.WaitForUpdates();
+  const DeviceAllocatorStats first = ReadDeviceAllocatorStats();
+  for (int64_t s = 1; s <= 5; ++s) trainer.Step(Batch(s, 2, fx.config.vocab_size, cuda));
+  trainer.WaitForUpdates();
+  const DeviceAllocatorStats last = ReadDeviceAllocatorStats();
+  std::printf("SLIDING allocator: reserved %lld -> %lld bytes, cudaMalloc calls %lld -> %lld, peak %lld\n",
+              (long long)first.reserved_bytes, (long long)last.reserved_bytes, (long long)first.segments_allocated,
+              (long long)last.segments_allocated, (long long)last.peak_reserved_bytes);
+  EXPECT_EQ(last.segments_allocated, first.segments_allocated);
+  EXPECT_EQ(last.reserved_bytes, first.reserved_bytes);
+  EXPECT_LE(last.peak_reserved_bytes, budget);
+  LimitDeviceMemory(std::numeric_limits<int64_t>::max());  // give the rest of the suite the whole device back
 }
 
 TEST(SlidingTrainer, ReusesSlotsWhenTheWindowHoldsTheModel) {
