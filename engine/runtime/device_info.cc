@@ -22,7 +22,7 @@ DeviceInfo DescribeDevice() {
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
       info.cuda = true;
       info.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
-      char buf[256];
+      char buf[384];
       std::snprintf(buf, sizeof(buf), "cuda:0 %s (%.1f GiB)", prop.name, info.total_bytes / double(1ll << 30));
       info.description = buf;
       return info;

@@ -391,4 +391,17 @@ ModelParams SlidingTrainer::Master() {
   return master_.To(at::TensorOptions().dtype(at::kFloat));
 }
 
+SlidingTrainer::OptimizerState SlidingTrainer::MutableState() {
+  worker_->WaitAll();
+  return {&master_, &exp_avg_, &exp_avg_sq_};
+}
+
+void SlidingTrainer::StateRestored(int64_t steps_done) {
+  worker_->WaitAll();
+  for (size_t u = 0; u < layout_.units.size(); ++u)
+    if (!staging_[u].is_same(master_.units[u])) staging_[u].copy_(master_.units[u]);  // RNE, as AdamW writes it
+  step_ = steps_done;
+  ++weights_version_;  // every slot and edge unit reloads
+}
+
 }  // namespace slide

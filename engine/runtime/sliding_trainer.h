@@ -66,6 +66,16 @@ class SlidingTrainer {
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
+  // The optimizer state's host buffers once every posted update has finished (views, no copies): read them
+  // for a checkpoint, or overwrite them and call StateRestored(step) to resume from one.
+  struct OptimizerState {
+    ModelParams* master;
+    ModelParams* exp_avg;
+    ModelParams* exp_avg_sq;
+  };
+  OptimizerState MutableState();
+  // After the state was overwritten: the next step is `steps_done` + 1 and every unit is reloaded from it.
+  void StateRestored(int64_t steps_done);
   void WaitForUpdates();  // every posted update has finished
   const ResourceBusy& last_busy() const { return busy_; }
   int64_t steps_taken() const { return step_; }

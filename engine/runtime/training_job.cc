@@ -12,6 +12,7 @@
 #include "engine/model/hf_checkpoint.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/training_checkpoint.h"
 
 namespace slide {
 namespace {
@@ -87,11 +88,12 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
       Field(s.activation_placement == "auto" || s.activation_placement == "device" || s.activation_placement == "host",
             "activation_placement", "must be auto, device or host"));
   SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
+  SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
   return Status::Ok();
 }
 
 StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& cb,
-                                        const std::atomic<bool>* cancel) {
+                                        const std::atomic<bool>* cancel, const std::atomic<bool>* suspend) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
   auto log = [&](const std::string& m) {
     if (cb.on_log) cb.on_log(m);
@@ -171,9 +173,44 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
     BatchOrder order(n_train, spec.seed);
     TrainingResult result;
     const double n_params = static_cast<double>(cfg.TotalParamCount());
-    for (int64_t step = 0; step < total; ++step) {
+    // What a checkpoint must match to be resumed by this job.
+    const std::string fingerprint =
+        "params=" + std::to_string(cfg.TotalParamCount()) + " layers=" + std::to_string(cfg.num_layers) +
+        " batch=" + std::to_string(spec.batch_size) + " micro=" + std::to_string(micro) +
+        " seq=" + std::to_string(spec.seq_len) + " train_sequences=" + std::to_string(n_train) +
+        " seed=" + std::to_string(spec.seed) + " total_steps=" + std::to_string(total);
+    int64_t first_step = 0;
+    if (!spec.checkpoint_dir.empty()) {
+      SLIDE_ASSIGN_OR_RETURN(auto resumed, LoadTrainingCheckpoint(spec.checkpoint_dir, fingerprint, *trainer));
+      if (resumed) {
+        first_step = resumed->step;
+        order.Seek({resumed->order_epoch, resumed->order_index});
+        result.resumed_from = first_step;
+        result.steps = first_step;
+        result.final_loss = resumed->loss;
+        log("resumed from the checkpoint at step " + std::to_string(first_step));
+      }
+    }
+    auto checkpoint = [&](int64_t steps_done) -> Status {
+      CheckpointInfo info;
+      info.step = steps_done;
+      info.total_steps = total;
+      info.order_epoch = order.position().epoch;
+      info.order_index = order.position().index;
+      info.loss = result.final_loss;
+      info.fingerprint = fingerprint;
+      SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec.checkpoint_dir, info, *trainer));
+      log("checkpoint at step " + std::to_string(steps_done));
+      return Status::Ok();
+    };
+    for (int64_t step = first_step; step < total; ++step) {
       if (cancel != nullptr && cancel->load())
         return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
+      if (suspend != nullptr && suspend->load()) {
+        if (!spec.checkpoint_dir.empty() && step > first_step) SLIDE_RETURN_IF_ERROR(checkpoint(step));
+        result.suspended = true;
+        return result;
+      }
       std::vector<MicroBatch> mbs;
       for (int64_t a = 0; a < accum; ++a) mbs.push_back(ToMicroBatch(ds.train, order.Next(micro)));
       StepStats st = trainer->Step(mbs);
@@ -200,6 +237,9 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         e.bounded_by = cuda ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
         cb.on_step(e);
       }
+      if (!spec.checkpoint_dir.empty() && spec.checkpoint_every > 0 && st.step % spec.checkpoint_every == 0 &&
+          st.step < total)
+        SLIDE_RETURN_IF_ERROR(checkpoint(st.step));
     }
     if (!ds.eval.empty()) {
       std::vector<MicroBatch> eval;

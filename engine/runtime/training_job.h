@@ -43,6 +43,10 @@ struct TrainingJobSpec {
   int64_t window = 0;                         // 0 = the planner chooses
   std::string activation_placement = "auto";  // auto | device | host
   int64_t log_every = 1;
+  // Checkpoints (everything to resume exactly; see training_checkpoint.h). An empty directory disables them.
+  // When the directory already holds a checkpoint of this job, the job resumes from it.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only when suspended
 };
 
 // Validates ranges and names (not files): every message names the field.
@@ -68,9 +72,13 @@ struct TrainingResult {
   double final_loss = 0;
   double eval_loss = -1;  // -1 without a held-out split
   std::string export_dir;
+  bool suspended = false;     // stopped by `suspend` after checkpointing: run it again to resume
+  int64_t resumed_from = -1;  // the checkpoint step it started from (-1: from the model directory)
 };
 
+// `cancel` stops at the next step boundary (status CANCELLED). `suspend` stops there too, after writing a
+// checkpoint (result.suspended): the daemon uses it on shutdown.
 StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& callbacks,
-                                        const std::atomic<bool>* cancel);
+                                        const std::atomic<bool>* cancel, const std::atomic<bool>* suspend = nullptr);
 
 }  // namespace slide

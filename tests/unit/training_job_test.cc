@@ -104,5 +104,73 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
   EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
 }
 
+// Suspend (checkpoint at a step boundary) and run again: the resumed steps are bit-identical to an
+// uninterrupted run (CPU fp32: same data order, same optimizer state, same LR).
+TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 8;
+  std::vector<double> straight;
+  TrainingCallbacks record{nullptr, [&](const TrainingStepEvent& e) { straight.push_back(e.loss); }};
+  testing::ValueOrDie(RunTrainingJob(spec, record, nullptr));
+  ASSERT_EQ(straight.size(), 8u);
+
+  spec.checkpoint_dir = out.File("ckpt");
+  spec.checkpoint_every = 2;
+  std::atomic<bool> suspend{false};
+  std::vector<std::pair<int64_t, double>> first, second;
+  TrainingCallbacks cb1{nullptr, [&](const TrainingStepEvent& e) {
+                          first.emplace_back(e.step, e.loss);
+                          if (e.step == 5) suspend = true;
+                        }};
+  TrainingResult r1 = testing::ValueOrDie(RunTrainingJob(spec, cb1, nullptr, &suspend));
+  EXPECT_TRUE(r1.suspended);
+  EXPECT_EQ(r1.steps, 5);
+  EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors.tmp")));
+  std::ifstream latest(out.File("ckpt/LATEST"));
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-00000005");  // the suspend checkpoint replaced the one at step 4
+  EXPECT_FALSE(std::filesystem::exists(out.File("ckpt/step-00000004")));
+
+  TrainingCallbacks cb2{nullptr, [&](const TrainingStepEvent& e) { second.emplace_back(e.step, e.loss); }};
+  TrainingResult r2 = testing::ValueOrDie(RunTrainingJob(spec, cb2, nullptr));
+  EXPECT_EQ(r2.resumed_from, 5);
+  EXPECT_EQ(r2.steps, 8);
+  ASSERT_EQ(second.size(), 3u);
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i].second, straight[i]) << "step " << first[i].first;
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_EQ(second[i].first, int64_t(6 + i));
+    EXPECT_EQ(second[i].second, straight[5 + i]) << "step " << second[i].first;  // bit-identical
+  }
+}
+
+TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 4;
+  spec.checkpoint_dir = out.File("ckpt");
+  std::atomic<bool> suspend{false};
+  TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
+  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend)).suspended);
+
+  TrainingJobSpec other = spec;
+  other.batch_size = 8;  // a different job must not pick this checkpoint up
+  auto r = RunTrainingJob(other, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("belongs to a different job"), std::string::npos) << r.status().message();
+
+  const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
+  std::filesystem::resize_file(tensors, std::filesystem::file_size(tensors) / 2);
+  r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(tensors), std::string::npos) << r.status().message();
+
+  std::ofstream(out.File("ckpt/step-00000002/state.json")) << "{\"format\": 1, \"step\": ";
+  r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("state.json' is corrupt"), std::string::npos) << r.status().message();
+}
+
 }  // namespace
 }  // namespace slide

@@ -1,0 +1,125 @@
+#include "engine/runtime/training_checkpoint.h"
+
+#include <dirent.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "engine/common/files.h"
+#include "engine/model/safetensors.h"
+#include "engine/runtime/sliding_trainer.h"
+
+namespace slide {
+namespace {
+
+constexpr int kFormat = 1;
+
+std::string StepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq"};
+
+ModelParams* StateOf(const SlidingTrainer::OptimizerState& s, int kind) {
+  return kind == 0 ? s.master : kind == 1 ? s.exp_avg : s.exp_avg_sq;
+}
+
+}  // namespace
+
+Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer) {
+  SLIDE_RETURN_IF_ERROR(MakeDirs(dir));
+  const std::string name = StepDirName(info.step), step_dir = dir + "/" + name;
+  SLIDE_RETURN_IF_ERROR(RemoveTree(step_dir));  // a torn attempt at the same step
+  SLIDE_RETURN_IF_ERROR(MakeDirs(step_dir));
+  SlidingTrainer::OptimizerState state = trainer.MutableState();
+  NamedTensors tensors;
+  for (int kind = 0; kind < 3; ++kind) {
+    const ModelParams* p = StateOf(state, kind);
+    for (size_t u = 0; u < p->units.size(); ++u)
+      tensors.emplace_back(std::string(kKinds[kind]) + "." + std::to_string(u), p->units[u]);
+  }
+  SLIDE_RETURN_IF_ERROR(WriteSafetensors(step_dir + "/optimizer.safetensors", tensors, {{"format", "slideformer"}}));
+  nlohmann::json j = {{"format", kFormat},
+                      {"step", info.step},
+                      {"total_steps", info.total_steps},
+                      {"order", {{"epoch", info.order_epoch}, {"index", info.order_index}}},
+                      {"loss", info.loss},
+                      {"fingerprint", info.fingerprint}};
+  SLIDE_RETURN_IF_ERROR(WriteFileAtomic(step_dir + "/state.json", j.dump(2) + "\n"));
+  SLIDE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/LATEST", name + "\n"));
+  // Older step directories are no longer referenced.
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> old;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && n != name) old.push_back(n);
+    }
+    ::closedir(d);
+    for (const auto& n : old) SLIDE_RETURN_IF_ERROR(RemoveTree(dir + "/" + n));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
+                                                               SlidingTrainer& trainer) {
+  const std::string latest_path = dir + "/LATEST";
+  if (!PathExists(latest_path)) return std::optional<CheckpointInfo>();
+  SLIDE_ASSIGN_OR_RETURN(std::string latest, ReadFileToString(latest_path));
+  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  if (latest.rfind("step-", 0) != 0 || latest.find('/') != std::string::npos)
+    return DataLoss("checkpoint '" + latest_path + "' does not name a step directory");
+  const std::string step_dir = dir + "/" + latest, state_path = step_dir + "/state.json";
+
+  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
+  CheckpointInfo info;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (j.at("format").get<int>() != kFormat)
+      return DataLoss("checkpoint '" + state_path + "' has format " + j.at("format").dump() + ", expected 1");
+    info.step = j.at("step").get<int64_t>();
+    info.total_steps = j.at("total_steps").get<int64_t>();
+    info.order_epoch = j.at("order").at("epoch").get<int64_t>();
+    info.order_index = j.at("order").at("index").get<int64_t>();
+    info.loss = j.at("loss").get<double>();
+    info.fingerprint = j.at("fingerprint").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss("checkpoint '" + state_path + "' is corrupt: " + e.what());
+  }
+  if (info.step < 0 || info.order_epoch < 0 || info.order_index < 0)
+    return DataLoss("checkpoint '" + state_path + "' has negative counters");
+  if (info.fingerprint != fingerprint)
+    return FailedPrecondition("checkpoint '" + state_path + "' belongs to a different job (" + info.fingerprint +
+                              ", this job is " + fingerprint + ")");
+
+  const std::string tensors_path = step_dir + "/optimizer.safetensors";
+  auto opened = SafetensorsFile::Open(tensors_path);
+  if (!opened.ok()) return DataLoss("checkpoint is corrupt: " + opened.status().message());
+  std::shared_ptr<SafetensorsFile> file = std::move(opened).value();
+  // Every tensor is checked before any is copied: a bad file leaves the trainer's state untouched.
+  SlidingTrainer::OptimizerState state = trainer.MutableState();
+  if (file->entries().size() != 3 * state.master->units.size())
+    return DataLoss("checkpoint '" + tensors_path + "' has " + std::to_string(file->entries().size()) +
+                    " tensors, expected " + std::to_string(3 * state.master->units.size()));
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (source view, destination)
+  for (int kind = 0; kind < 3; ++kind) {
+    ModelParams* p = StateOf(state, kind);
+    for (size_t u = 0; u < p->units.size(); ++u) {
+      const std::string name = std::string(kKinds[kind]) + "." + std::to_string(u);
+      const SafetensorsEntry* e = file->Find(name);
+      if (e == nullptr) return DataLoss("checkpoint '" + tensors_path + "' lacks tensor '" + name + "'");
+      at::Tensor v = file->View(*e);
+      if (v.scalar_type() != at::kFloat || v.dim() != 1 || v.numel() != p->units[u].numel())
+        return DataLoss("checkpoint '" + tensors_path + "' tensor '" + name + "' is not fp32[" +
+                        std::to_string(p->units[u].numel()) + "]");
+      copies.emplace_back(v, p->units[u]);
+    }
+  }
+  for (auto& [src, dst] : copies) dst.copy_(src);
+  trainer.StateRestored(info.step);
+  return std::optional<CheckpointInfo>(info);
+}
+
+}  // namespace slide

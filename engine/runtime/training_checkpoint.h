@@ -1,0 +1,36 @@
+// Training checkpoints: everything a job needs to resume exactly. A checkpoint is a directory
+//   <dir>/step-NNNNNNNN/optimizer.safetensors   fp32 master, exp_avg, exp_avg_sq per unit
+//   <dir>/step-NNNNNNNN/state.json              step, data position, last loss, the job's fingerprint
+//   <dir>/LATEST                                name of the newest complete step directory
+// LATEST is replaced atomically after the step directory is complete, so a crash mid-write leaves the previous
+// checkpoint in charge. The LR schedule is a function of the step; the data order is (seed, position); the
+// model has no dropout, so there is no other RNG state.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/common/status.h"
+
+namespace slide {
+
+class SlidingTrainer;
+
+struct CheckpointInfo {
+  int64_t step = 0;  // optimizer steps done
+  int64_t total_steps = 0;
+  int64_t order_epoch = 0, order_index = 0;  // BatchOrder::Position of the next batch
+  double loss = 0;                           // loss of the last step
+  std::string fingerprint;                   // the job (model shape, data, batch) it belongs to
+};
+
+// Waits for the trainer's updates, writes a new step directory, points LATEST at it and removes older ones.
+Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer);
+
+// No LATEST in `dir`: nullopt. Otherwise loads the state into `trainer` (and calls StateRestored) after checking
+// every tensor and the fingerprint; anything corrupt or mismatched is an error naming the file.
+StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
+                                                               SlidingTrainer& trainer);
+
+}  // namespace slide
