@@ -5,6 +5,7 @@
 #   bench/run_gpu.sh build   configure + build, then the GPU tests and the CPU AdamW benchmark
 #   bench/run_gpu.sh sweep   1B and 3B: batch sweep with exact clipping, and 3B without clipping
 #   bench/run_gpu.sh large   8B at batch 8 and 16
+#   bench/run_gpu.sh daemon  slided on the GPU: kill -9 / SIGTERM resume and the 50-watcher load figure
 set -uo pipefail
 phase=${1:-build}
 OUT=${OUT:-$PWD/gpu-out}
@@ -33,5 +34,12 @@ case "$phase" in
   large)
     for b in 8 16; do run 240 build-gpu/bench/sliding_bench llama-8b $b 1024 2 2 cuda 1.0; done
     run 200 build-gpu/bench/sliding_bench llama-8b 8 1024 2 2 cuda 0 ;;
+  daemon)
+    cmake --build build-gpu -j 16 --target slided daemon_tests > "$OUT/build-daemon.log" 2>&1 \
+      || { grep -E 'error|Error' "$OUT/build-daemon.log" | head -30; exit 1; }
+    SLIDE_TEST_DEVICE=cuda build-gpu/tests/daemon_tests \
+      --gtest_filter='Daemon.Demo*:DaemonState.KillDashNine*:DaemonState.Sigterm*:DaemonState.Fifty*' \
+      > "$OUT/daemon_tests.log" 2>&1
+    grep -E 'LOAD|OK|FAILED|PASSED|Failure' "$OUT/daemon_tests.log" | head -30 ;;
 esac
 cat "$OUT/bench.jsonl" 2>/dev/null; tail -5 "$OUT/bench.err" 2>/dev/null

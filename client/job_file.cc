@@ -62,6 +62,8 @@ std::string LoadJobFile(const std::string& path, JobSpec* spec) {
       {"gpu_budget_bytes", [](JobSpec* s, const YAML::Node& n) { s->set_gpu_budget_bytes(n.as<int64_t>()); }},
       {"window", [](JobSpec* s, const YAML::Node& n) { s->set_window(n.as<int64_t>()); }},
       {"activation_placement", str(&JobSpec::set_activation_placement)},
+      {"export_dtype", str(&JobSpec::set_export_dtype)},
+      {"checkpoint_every", [](JobSpec* s, const YAML::Node& n) { s->set_checkpoint_every(n.as<int64_t>()); }},
   };
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = it->first.as<std::string>();

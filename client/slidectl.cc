@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ namespace {
 
 constexpr int kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3;
 
-const char* kUsageText = R"(usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--json] COMMAND [ARGS]
+const char* kUsageText = R"(usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json] COMMAND [ARGS]
 commands:
   submit FILE.yaml [--follow]   submit a job (fields of slide.v1.JobSpec); --follow watches it to the end
   watch ID                      follow a job: progress, then a summary (Ctrl-C detaches, the job goes on)
@@ -30,12 +31,14 @@ commands:
   get ID                        show one job
   cancel ID                     cancel a queued or running job
   status                        the daemon's state and queue
-environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN
+--tls-ca FILE: talk TLS to a daemon with security.tls_cert_file set, trusting the CA certificate in FILE
+environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN, SLIDE_TLS_CA
 )";
 
 struct Options {
   std::string addr = std::getenv("SLIDE_ADDR") ? std::getenv("SLIDE_ADDR") : "127.0.0.1:50151";
   std::string token = std::getenv("SLIDE_TOKEN") ? std::getenv("SLIDE_TOKEN") : "";
+  std::string tls_ca = std::getenv("SLIDE_TLS_CA") ? std::getenv("SLIDE_TLS_CA") : "";
   bool json = false;
 };
 
@@ -151,6 +154,8 @@ int main(int argc, char** argv) {
       o.addr = argv[++i];
     } else if (a == "--token" && i + 1 < argc) {
       o.token = argv[++i];
+    } else if (a == "--tls-ca" && i + 1 < argc) {
+      o.tls_ca = argv[++i];
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--help" || a == "-h") {
@@ -170,12 +175,20 @@ int main(int argc, char** argv) {
     const std::string text = kUsageText;
     const size_t at = text.find("\n  " + cmd + " ");
     if (at == std::string::npos) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
-    std::printf("usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--json]%s\n",
+    std::printf("usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json]%s\n",
                 text.substr(at + 2, text.find('\n', at + 1) - at - 2).insert(0, " ").c_str());
     return kOk;
   }
   auto need = [&](size_t n) { return args.size() >= n; };
-  auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials()));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!o.tls_ca.empty()) {
+    std::ifstream in(o.tls_ca);
+    if (!in) return Fail(kUsage, "cannot read the CA certificate '" + o.tls_ca + "'");
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+    creds = grpc::SslCredentials(tls);
+  }
+  auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, creds));
 
   if (cmd == "submit") {
     if (!need(2)) return Fail(kUsage, "submit needs a job file");
@@ -254,9 +267,15 @@ int main(int argc, char** argv) {
     if (o.json) {
       std::printf("%s\n", Json(st).c_str());
     } else {
+      const double gib = double(1ll << 30);
       std::printf("slided %s at %s on %s: %d queued, running: %s%s\n", st.version().c_str(), o.addr.c_str(),
                   st.device().c_str(), st.queued_jobs(), st.running_job().empty() ? "none" : st.running_job().c_str(),
                   st.draining() ? " (draining)" : "");
+      std::printf("  gpu memory: %.2f GiB reserved of a %.2f GiB job budget (device %.1f GiB)\n",
+                  st.device_reserved_bytes() / gib, st.gpu_budget_bytes() / gib, st.device_memory_bytes() / gib);
+      std::printf("  host memory: %.2f GiB resident (fp32 master, moments and pinned staging of the running job)\n",
+                  st.host_resident_bytes() / gib);
+      std::printf("  jobs: %d in %s\n", st.jobs_total(), st.state_dir().c_str());
     }
     return kOk;
   }

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "engine/common/files.h"
+
 namespace slide {
 namespace {
 int64_t NowMs() {
@@ -30,7 +32,32 @@ const char* JobStateName(JobState s) {
   return "?";
 }
 
-JobManager::JobManager(JobManagerOptions options) : options_(options), engine_([this] { EngineLoop(); }) {}
+JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* problems) : options_(options) {
+  if (options_.store != nullptr) {
+    std::vector<std::string> bad;
+    for (StoredJob& stored : options_.store->LoadAll(options_.max_events_per_job, &bad)) {
+      auto job = std::make_unique<Job>();
+      job->record = std::move(stored.record);
+      job->events.assign(stored.events.begin(), stored.events.end());
+      job->next_seq = job->events.empty() ? 1 : job->events.back().seq + 1;
+      const std::string id = job->record.id;
+      long long n = 0;
+      if (std::sscanf(id.c_str(), "job-%lld", &n) == 1) next_id_ = std::max<int64_t>(next_id_, n + 1);
+      if (!IsFinal(job->record.state)) {
+        JobEventRecord e;
+        e.log = "daemon restarted: queued again; resumes from its last checkpoint if it has one";
+        AddEvent(*job, e);
+        if (job->record.state != JobState::kQueued) SetState(*job, JobState::kQueued);
+        queue_.push_back(id);
+      }
+      order_.push_back(id);
+      jobs_[id] = std::move(job);
+    }
+    if (problems != nullptr) *problems = std::move(bad);
+    PublishCounts();
+  }
+  engine_ = std::thread([this] { EngineLoop(); });
+}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -39,30 +66,57 @@ void JobManager::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    if (!running_.empty()) jobs_[running_]->cancel = true;
+    if (!running_.empty()) {
+      if (options_.store != nullptr) {
+        jobs_[running_]->suspend = true;
+      } else {
+        jobs_[running_]->cancel = true;
+      }
+    }
   }
   cv_.notify_all();
   if (engine_.joinable()) engine_.join();
 }
 
+void JobManager::Persist(const Job& job, bool durable) {
+  if (options_.store == nullptr) return;
+  Status st = options_.store->SaveRecord(job.record, durable);
+  if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+}
+
 void JobManager::AddEvent(Job& job, JobEventRecord e) {
   e.seq = job.next_seq++;
+  if (options_.store != nullptr) {
+    Status st = options_.store->AppendEvent(job.record.id, e);
+    if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+  }
   job.events.push_back(std::move(e));
   while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
   cv_.notify_all();
 }
 
+void JobManager::PublishCounts() {
+  if (options_.observer == nullptr) return;
+  std::map<JobState, int> counts;
+  for (const auto& [id, job] : jobs_) ++counts[job->record.state];
+  options_.observer->OnJobCounts(counts, static_cast<int>(queue_.size()));
+}
+
 void JobManager::SetState(Job& job, JobState s) {
   job.record.state = s;
   if (IsFinal(s)) job.record.finished_unix_ms = NowMs();
+  Persist(job, /*durable=*/true);
   JobEventRecord e;
   e.kind = JobEventRecord::Kind::kState;
   e.state = s;
   AddEvent(job, e);
+  PublishCounts();
 }
 
 StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  // Refuse what cannot fit now, with the numbers, rather than when the job reaches the engine.
+  SLIDE_ASSIGN_OR_RETURN(std::string plan, PlanTrainingJob(spec));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
   char id[32];
@@ -72,11 +126,19 @@ StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJo
   job->record.name = name;
   job->record.spec = spec;
   job->record.created_unix_ms = NowMs();
+  if (options_.store != nullptr) {
+    job->record.spec.checkpoint_dir = options_.store->CheckpointDir(id);
+    if (job->record.spec.checkpoint_every == 0) job->record.spec.checkpoint_every = options_.default_checkpoint_every;
+  }
   SetState(*job, JobState::kQueued);
+  JobEventRecord planned;
+  planned.log = "memory plan at submission:\n" + plan;
+  AddEvent(*job, planned);
   JobRecord copy = job->record;
   order_.push_back(id);
   queue_.push_back(id);
   jobs_[id] = std::move(job);
+  PublishCounts();
   cv_.notify_all();
   return copy;
 }
@@ -148,6 +210,7 @@ void JobManager::EngineLoop() {
       job = jobs_[running_].get();
       SetState(*job, JobState::kPreparing);
     }
+    int64_t last_step = job->record.step;
     TrainingCallbacks cb;
     cb.on_log = [&](const std::string& m) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -161,14 +224,27 @@ void JobManager::EngineLoop() {
       job->record.step = s.step;
       job->record.total_steps = s.total_steps;
       job->record.loss = s.loss;
+      Persist(*job, /*durable=*/false);
+      if (options_.observer != nullptr) {
+        options_.observer->OnStep(s, std::max<int64_t>(1, s.step - last_step),
+                                  job->record.spec.batch_size * job->record.spec.seq_len);
+      }
+      last_step = s.step;
       JobEventRecord e;
       e.kind = JobEventRecord::Kind::kMetrics;
       e.metrics = s;
       AddEvent(*job, e);
     };
-    auto result = RunTrainingJob(job->record.spec, cb, &job->cancel);
+    auto result = RunTrainingJob(job->record.spec, cb, &job->cancel, &job->suspend);
     std::lock_guard<std::mutex> lock(mu_);
-    if (result.ok()) {
+    if (result.ok() && result->suspended) {
+      JobEventRecord e;
+      e.log = "suspended at step " + std::to_string(result->steps) +
+              " for shutdown; resumes from its checkpoint when the daemon starts again";
+      AddEvent(*job, e);
+      SetState(*job, JobState::kQueued);
+    } else if (result.ok()) {
+      if (!job->record.spec.checkpoint_dir.empty()) (void)RemoveTree(job->record.spec.checkpoint_dir);
       job->record.eval_loss = result->eval_loss;
       job->record.export_dir = result->export_dir;
       SetState(*job, JobState::kSucceeded);

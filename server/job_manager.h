@@ -16,41 +16,23 @@
 
 #include "engine/common/status.h"
 #include "engine/runtime/training_job.h"
+#include "server/job_store.h"
+#include "server/job_types.h"
 
 namespace slide {
 
-enum class JobState { kQueued, kPreparing, kRunning, kSucceeded, kFailed, kCancelled };
-const char* JobStateName(JobState s);
-inline bool IsFinal(JobState s) {
-  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
-}
-
-struct JobEventRecord {
-  enum class Kind { kMetrics, kState, kLog } kind = Kind::kLog;
-  int64_t seq = 0;
-  TrainingStepEvent metrics;
-  JobState state = JobState::kQueued;
-  std::string log;
-};
-
-struct JobRecord {
-  std::string id;
-  std::string name;
-  TrainingJobSpec spec;
-  JobState state = JobState::kQueued;
-  int64_t step = 0, total_steps = 0;
-  double loss = 0, eval_loss = -1;
-  std::string error, export_dir;
-  int64_t created_unix_ms = 0, finished_unix_ms = 0;
-};
-
 struct JobManagerOptions {
-  size_t max_events_per_job = 4096;  // older events are dropped; a watcher that falls behind skips ahead
+  size_t max_events_per_job = 4096;        // older events are dropped; a watcher that falls behind skips ahead
+  JobStore* store = nullptr;               // durable state; nullptr keeps jobs in memory only
+  int64_t default_checkpoint_every = 100;  // for jobs that leave checkpoint_every at 0 (needs a store)
+  JobObserver* observer = nullptr;         // metrics
 };
 
 class JobManager {
  public:
-  explicit JobManager(JobManagerOptions options = {});
+  // With a store, every job it holds is loaded first: finished ones are listed, the others queued again in
+  // submission order (a job that was running resumes from its checkpoint). `problems` gets unreadable files.
+  explicit JobManager(JobManagerOptions options = {}, std::vector<std::string>* problems = nullptr);
   ~JobManager();
 
   StatusOr<JobRecord> Submit(const std::string& name, const TrainingJobSpec& spec);
@@ -64,7 +46,9 @@ class JobManager {
 
   int queued() const;
   std::string running() const;
-  void Shutdown();  // cancels the running job, fails nothing else, stops the engine thread
+  // Stops the engine thread. The running job checkpoints at its next step boundary and stays queued for the
+  // next start (without a store it is cancelled); queued jobs stay queued.
+  void Shutdown();
 
  private:
   struct Job {
@@ -72,10 +56,13 @@ class JobManager {
     std::deque<JobEventRecord> events;
     int64_t next_seq = 1;
     std::atomic<bool> cancel{false};
+    std::atomic<bool> suspend{false};
   };
   void EngineLoop();
   void AddEvent(Job& job, JobEventRecord e);  // mu_ held
   void SetState(Job& job, JobState s);        // mu_ held
+  void Persist(const Job& job, bool durable);
+  void PublishCounts();  // mu_ held  // mu_ held; a failing disk is logged, the job goes on
 
   JobManagerOptions options_;
   mutable std::mutex mu_;

@@ -1,7 +1,7 @@
-// slided: the fine-tuning daemon. Serves slide.v1.Slide, the standard health service and reflection.
-// Flags: --listen ADDR (default 127.0.0.1:50151; port 0 picks one), --port-file PATH (the bound port is
-// written there once serving). SIGTERM/SIGINT: stop accepting, cancel the running job at its next step,
-// finish streams, exit within 10 s.
+// slided: the fine-tuning daemon. Serves slide.v1.Slide, the standard health service, reflection and
+// Prometheus /metrics. Configuration: embedded defaults < --config FILE < flags (see --help). SIGTERM/SIGINT:
+// stop accepting, checkpoint the running job at its next step boundary (it resumes on the next start),
+// finish streams, exit within server.shutdown_deadline_seconds.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -9,63 +9,157 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 
+#include "engine/common/files.h"
+#include "engine/runtime/device_info.h"
+#include "server/daemon_config.h"
+#include "server/daemon_metrics.h"
+#include "server/job_store.h"
 #include "server/slide_service.h"
 
+namespace {
+
+constexpr char kUsage[] =
+    "usage: slided [--config FILE] [--listen HOST:PORT] [--metrics-listen HOST:PORT|off] [--state-dir DIR]\n"
+    "              [--port-file PATH] [--metrics-port-file PATH] [--print-default-config]\n"
+    "  With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on\n"
+    "  127.0.0.1:50151, metrics on 127.0.0.1:9464, state under $XDG_DATA_HOME/slideformer or\n"
+    "  ~/.local/share/slideformer. Port 0 picks a free port; --port-file / --metrics-port-file receive the\n"
+    "  bound ports. The bearer token comes from security.token, security.token_file or SLIDE_TOKEN; it is\n"
+    "  required to listen beyond loopback.\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "slided: %s\n", message.c_str());
+  return 2;
+}
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  slide::Status st = slide::WriteFileAtomic(path, std::to_string(port) + "\n");
+  if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string listen = "127.0.0.1:50151", port_file;
+  std::string config_path, listen, metrics_listen, state_dir, port_file, metrics_port_file;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--listen" && i + 1 < argc) {
-      listen = argv[++i];
-    } else if (a == "--port-file" && i + 1 < argc) {
-      port_file = argv[++i];
-    } else if (a == "--help") {
-      std::printf("usage: slided [--listen HOST:PORT] [--port-file PATH]\n");
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    bool ok = true;
+    if (a == "--config") {
+      ok = value(&config_path);
+    } else if (a == "--listen") {
+      ok = value(&listen);
+    } else if (a == "--metrics-listen") {
+      ok = value(&metrics_listen);
+    } else if (a == "--state-dir") {
+      ok = value(&state_dir);
+    } else if (a == "--port-file") {
+      ok = value(&port_file);
+    } else if (a == "--metrics-port-file") {
+      ok = value(&metrics_port_file);
+    } else if (a == "--print-default-config") {
+      std::printf("%s", slide::kDefaultDaemonConfigYaml);
+      return 0;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
       return 0;
     } else {
-      std::fprintf(stderr, "slided: unknown argument '%s' (see --help)\n", a.c_str());
-      return 2;
+      return Fail("unknown argument '" + a + "' (see --help)");
     }
+    if (!ok) return Fail(a + " needs a value (see --help)");
   }
+  auto loaded = slide::LoadDaemonConfig(config_path);
+  if (!loaded.ok()) return Fail(loaded.status().message());
+  slide::DaemonConfig config = std::move(loaded).value();
+  if (!listen.empty()) config.listen = listen;
+  if (!metrics_listen.empty()) config.metrics_listen = metrics_listen == "off" ? "" : metrics_listen;
+  if (!state_dir.empty()) config.state_dir = state_dir;
+  if (slide::Status st = slide::FinalizeDaemonConfig(&config); !st.ok()) return Fail(st.message());
+
   // Signals are taken by one thread with sigwait, never in a handler.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Every thread started from here on inherits the mask, so only the waiter below sees SIGTERM/SIGINT.
+  const slide::DeviceInfo device = slide::DescribeDevice();
+  slide::DaemonMetrics metrics("0.1.0", config.gpu_budget_bytes, device.total_bytes);
+  int metrics_port = 0;
+  if (!config.metrics_listen.empty()) {
+    auto port = metrics.Serve(config.metrics_listen);
+    if (!port.ok()) return Fail(port.status().message());
+    metrics_port = port.value();
+  }
 
-  slide::JobManager jobs;
-  slide::SlideService service(jobs);
+  slide::JobStore store(config.state_dir);
+  if (slide::Status st = store.Init(); !st.ok()) return Fail("state directory: " + st.message());
+
+  slide::JobManagerOptions jm;
+  jm.max_events_per_job = static_cast<size_t>(config.max_events_per_job);
+  jm.store = &store;
+  jm.default_checkpoint_every = config.checkpoint_every;
+  jm.observer = &metrics;
+  std::vector<std::string> problems;
+  slide::JobManager jobs(jm, &problems);
+  for (const auto& p : problems) std::fprintf(stderr, "slided: skipped unreadable job state: %s\n", p.c_str());
+
+  slide::ServiceOptions so;
+  so.token = config.token;
+  so.allowed_roots = config.allowed_roots;
+  so.gpu_budget_bytes = config.gpu_budget_bytes;
+  so.state_dir = config.state_dir;
+  slide::SlideService service(jobs, so);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!config.tls_cert_file.empty()) {
+    auto cert = slide::ReadFileToString(config.tls_cert_file);
+    auto key = slide::ReadFileToString(config.tls_key_file);
+    if (!cert.ok()) return Fail("security.tls_cert_file: " + cert.status().message());
+    if (!key.ok()) return Fail("security.tls_key_file: " + key.status().message());
+    grpc::SslServerCredentialsOptions tls;
+    tls.pem_key_cert_pairs.push_back({key.value(), cert.value()});
+    creds = grpc::SslServerCredentials(tls);
+  }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    std::fprintf(stderr, "slided: cannot listen on %s\n", listen.c_str());
-    return 1;
-  }
+  if (!server || port == 0) return Fail("cannot listen on " + config.listen);
   server->GetHealthCheckService()->SetServingStatus(true);
-  if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << port << "\n";
-    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
-  }
-  std::fprintf(stderr, "slided: serving on %s (port %d)\n", listen.c_str(), port);
+  WritePortFile(port_file, port);
+  WritePortFile(metrics_port_file, metrics_port);
+  std::fprintf(stderr, "slided: serving on %s (port %d%s), metrics on %s, state in %s, device %s\n",
+               config.listen.c_str(), port, config.tls_cert_file.empty() ? "" : ", TLS",
+               config.metrics_listen.empty() ? "off" : ("port " + std::to_string(metrics_port)).c_str(),
+               config.state_dir.c_str(), device.description.c_str());
 
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     std::fprintf(stderr, "slided: %s, draining\n", strsignal(sig));
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(config.shutdown_deadline_seconds);
     service.SetDraining();
     server->GetHealthCheckService()->SetServingStatus(false);
-    jobs.Shutdown();
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    // The running job checkpoints at its next step boundary; past the deadline the process exits anyway and
+    // the job resumes from its previous checkpoint.
+    auto drained = std::async(std::launch::async, [&] { jobs.Shutdown(); });
+    if (drained.wait_until(deadline) != std::future_status::ready) {
+      std::fprintf(stderr, "slided: the running job did not reach a step boundary before the deadline\n");
+      std::_Exit(1);
+    }
+    server->Shutdown(deadline);
   });
   server->Wait();
   waiter.join();

@@ -1,6 +1,7 @@
 #include "server/slide_service.h"
 
 #include "engine/runtime/device_info.h"
+#include "server/path_policy.h"
 
 namespace slide {
 namespace {
@@ -59,6 +60,8 @@ grpc::Status ToGrpc(const Status& s) {
       return {grpc::StatusCode::UNAVAILABLE, s.message()};
     case StatusCode::kUnauthenticated:
       return {grpc::StatusCode::UNAUTHENTICATED, s.message()};
+    case StatusCode::kPermissionDenied:
+      return {grpc::StatusCode::PERMISSION_DENIED, s.message()};
     case StatusCode::kCancelled:
       return {grpc::StatusCode::CANCELLED, s.message()};
     case StatusCode::kDataLoss:
@@ -95,26 +98,53 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   if (p.gpu_budget_bytes() != 0) s.gpu_budget_bytes = p.gpu_budget_bytes();
   s.window = p.window();
   if (!p.activation_placement().empty()) s.activation_placement = p.activation_placement();
+  s.checkpoint_every = p.checkpoint_every();
+  if (!p.export_dtype().empty()) s.export_dtype = p.export_dtype();
   return s;
 }
 
-grpc::Status SlideService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status SlideService::Authorize(grpc::ServerContext* ctx) const {
+  if (options_.token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return {grpc::StatusCode::UNAUTHENTICATED, "this daemon requires a bearer token"};
+  const std::string got(it->second.data(), it->second.size()), want = "Bearer " + options_.token;
+  // Constant time in the token's content.
+  unsigned diff = got.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned>(i < got.size() ? got[i] ^ want[i] : 1);
+  if (diff != 0) return {grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token"};
+  return grpc::Status::OK;
+}
+
+grpc::Status SlideService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                      v1::SubmitJobResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   if (draining_) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
-  auto r = jobs_.Submit(req->spec().name(), SpecFromProto(req->spec()));
+  TrainingJobSpec spec = SpecFromProto(req->spec());
+  if (req->spec().gpu_budget_bytes() == 0) spec.gpu_budget_bytes = options_.gpu_budget_bytes;
+  for (const auto& [field, path] : {std::pair<const char*, const std::string&>{"model_dir", spec.model_dir},
+                                    {"dataset", spec.dataset_path},
+                                    {"output_dir", spec.output_dir}})
+    if (!path.empty()) {
+      if (Status st = CheckJobPath(field, path, options_.allowed_roots); !st.ok()) return ToGrpc(st);
+    }
+  auto r = jobs_.Submit(req->spec().name(), spec);
   if (!r.ok()) return ToGrpc(r.status());
   FillJob(r.value(), &req->spec(), resp->mutable_job());
   return grpc::Status::OK;
 }
 
-grpc::Status SlideService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::GetJobResponse* resp) {
+grpc::Status SlideService::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::GetJobResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   auto r = jobs_.Get(req->id());
   if (!r.ok()) return ToGrpc(r.status());
   FillJob(r.value(), nullptr, resp->mutable_job());
   return grpc::Status::OK;
 }
 
-grpc::Status SlideService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) {
+grpc::Status SlideService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                                    v1::ListJobsResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   std::optional<JobState> filter;
   for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
                      JobState::kFailed, JobState::kCancelled})
@@ -135,8 +165,9 @@ grpc::Status SlideService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequ
   return grpc::Status::OK;
 }
 
-grpc::Status SlideService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+grpc::Status SlideService::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                      v1::CancelJobResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   auto r = jobs_.Cancel(req->id());
   if (!r.ok()) return ToGrpc(r.status());
   FillJob(r.value(), nullptr, resp->mutable_job());
@@ -145,6 +176,7 @@ grpc::Status SlideService::CancelJob(grpc::ServerContext*, const v1::CancelJobRe
 
 grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                     grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   int64_t after = req->after_seq();
   while (!ctx->IsCancelled()) {
     bool final = false;
@@ -181,8 +213,9 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           break;
         }
       }
-      if (!writer->Write(out)) return grpc::Status::OK;  // the watcher left; the job goes on
       after = e.seq;
+      if (e.kind == JobEventRecord::Kind::kMetrics && e.metrics.step < req->from_step()) continue;
+      if (!writer->Write(out)) return grpc::Status::OK;  // the watcher left; the job goes on
     }
     if (final) return grpc::Status::OK;
     if (draining_ && events.value().empty()) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
@@ -190,15 +223,22 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
   return grpc::Status::OK;
 }
 
-grpc::Status SlideService::GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*,
+grpc::Status SlideService::GetServerStatus(grpc::ServerContext* ctx, const v1::GetServerStatusRequest*,
                                            v1::ServerStatus* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   static const DeviceInfo device = DescribeDevice();
-  resp->set_version("0.1.0");
+  resp->set_version(options_.version);
   resp->set_device(device.description);
   resp->set_device_memory_bytes(device.total_bytes);
   resp->set_queued_jobs(jobs_.queued());
   resp->set_running_job(jobs_.running());
   resp->set_draining(draining_);
+  const DeviceAllocatorStats alloc = ReadDeviceAllocatorStats();
+  resp->set_device_reserved_bytes(alloc.reserved_bytes);
+  resp->set_host_resident_bytes(ResidentHostBytes());
+  resp->set_gpu_budget_bytes(options_.gpu_budget_bytes);
+  resp->set_state_dir(options_.state_dir);
+  resp->set_jobs_total(static_cast<int32_t>(jobs_.List(std::nullopt).size()));
   return grpc::Status::OK;
 }
 

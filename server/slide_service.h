@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <string>
+#include <vector>
 
 #include "server/job_manager.h"
 #include "slide/v1/slide.grpc.pb.h"
@@ -13,9 +15,17 @@ namespace slide {
 
 grpc::Status ToGrpc(const Status& s);
 
+struct ServiceOptions {
+  std::string token;                       // when set, every call must carry "authorization: Bearer <token>"
+  std::vector<std::string> allowed_roots;  // job paths must lie under these (empty: anywhere)
+  int64_t gpu_budget_bytes = 24ll << 30;   // for jobs that leave it at 0
+  std::string state_dir;                   // reported by GetServerStatus
+  std::string version = "0.1.0";
+};
+
 class SlideService final : public v1::Slide::Service {
  public:
-  explicit SlideService(JobManager& jobs) : jobs_(jobs) {}
+  SlideService(JobManager& jobs, ServiceOptions options) : jobs_(jobs), options_(std::move(options)) {}
   void SetDraining() { draining_ = true; }
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
@@ -26,7 +36,10 @@ class SlideService final : public v1::Slide::Service {
   grpc::Status GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*, v1::ServerStatus*) override;
 
  private:
+  grpc::Status Authorize(grpc::ServerContext* ctx) const;
+
   JobManager& jobs_;
+  ServiceOptions options_;
   std::atomic<bool> draining_{false};
 };
 

@@ -50,7 +50,7 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
   return ss.str();
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& content) {
+Status WriteFileAtomic(const std::string& path, const std::string& content, bool durable) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot write", tmp);
@@ -64,7 +64,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Errno("cannot sync", tmp);
+  if ((durable && ::fsync(fd) != 0) || ::close(fd) != 0) return Errno("cannot sync", tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
   return Status::Ok();
 }

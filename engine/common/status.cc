@@ -18,6 +18,8 @@ const char* StatusCodeName(StatusCode code) {
       return "UNAVAILABLE";
     case StatusCode::kUnauthenticated:
       return "UNAUTHENTICATED";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
     case StatusCode::kCancelled:
       return "CANCELLED";
     case StatusCode::kDataLoss:

@@ -15,6 +15,7 @@ enum class StatusCode {
   kFailedPrecondition,  // the request is valid but the state does not allow it
   kUnavailable,         // the service is draining or a device is absent
   kUnauthenticated,
+  kPermissionDenied,  // authenticated, but the request reaches outside what the daemon allows
   kCancelled,
   kDataLoss,  // a durable file is corrupt
   kInternal,  // a bug or an unexpected library failure

@@ -3,6 +3,8 @@
 #include <ATen/Context.h>
 
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include <algorithm>
@@ -62,6 +64,19 @@ void LimitDeviceMemory(int64_t budget_bytes) {
 #else
   (void)budget_bytes;
 #endif
+}
+
+int64_t ResidentHostBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
 }
 
 }  // namespace slide

@@ -14,6 +14,9 @@ struct DeviceInfo {
 
 DeviceInfo DescribeDevice();
 
+// Resident host memory of this process (VmRSS).
+int64_t ResidentHostBytes();
+
 // The CUDA caching allocator's counters for device 0 (all zero without CUDA). `segments_allocated` counts
 // cudaMalloc calls over the process: constant after the first step means no allocation grew.
 struct DeviceAllocatorStats {

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/runtime/device_info.h"
@@ -19,19 +21,6 @@ namespace {
 
 Status Field(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("job field '" + field + "' " + what);
-}
-
-int64_t ResidentHostBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      in >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
 }
 
 int64_t DeviceReservedBytes(bool cuda) { return cuda ? ReadDeviceAllocatorStats().reserved_bytes : 0; }
@@ -50,7 +39,104 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
   return {ids, ShiftLabels(labels)};
 }
 
+// Host memory the planner may count on: the machine's physical memory (the daemon owns the box).
+int64_t PhysicalHostBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
+  const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+  PlanRequest r;
+  r.micro_batch = micro;
+  r.seq_len = spec.seq_len;
+  r.grad_accum = spec.batch_size / micro;
+  r.device_budget_bytes = spec.gpu_budget_bytes;
+  r.host_budget_bytes = PhysicalHostBytes();
+  r.window = spec.window;
+  r.checkpoints = spec.activation_placement == "device" ? CheckpointPlacement::kDevice
+                  : spec.activation_placement == "host" ? CheckpointPlacement::kHost
+                                                        : CheckpointPlacement::kAuto;
+  if (!cuda) r.device_reserved_bytes = 0;
+  return r;
+}
+
+bool UsesCuda(const TrainingJobSpec& spec) { return spec.device == "cuda" || (spec.device == "auto" && at::hasCUDA()); }
+
+c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda) {
+  return spec.compute_dtype == "bf16"   ? c10::kBFloat16
+         : spec.compute_dtype == "fp32" ? c10::kFloat
+         : cuda                         ? c10::kBFloat16
+                                        : c10::kFloat;
+}
+
+// The job's tokenizer (from the model directory) and its dataset, split into training and held-out sequences
+// exactly as every run of this spec splits it.
+StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+  SLIDE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(spec.model_dir + "/tokenizer.json"));
+  SLIDE_ASSIGN_OR_RETURN(TokenizerConfig tcfg, LoadTokenizerConfig(spec.model_dir));
+  if (tokenizer->vocab_size() > cfg.vocab_size)
+    return InvalidArgument("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                           " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
+  DatasetOptions d;
+  d.seq_len = spec.seq_len;
+  d.mode = spec.sequence_mode == "pack" ? SequenceMode::kPack : SequenceMode::kTruncate;
+  d.format = ParseDatasetFormat(spec.dataset_format).value();
+  d.chat_template = ParseChatTemplate(spec.chat_template).value();
+  d.bad_lines = spec.bad_lines == "skip" ? BadLinePolicy::kSkip : BadLinePolicy::kFail;
+  d.bos_token = tcfg.bos_token;
+  d.eos_token = tcfg.eos_token;
+  d.pad_token = tcfg.pad_token;
+  d.eval_fraction = spec.eval_fraction;
+  d.seed = spec.seed;
+  return LoadJsonlDataset(spec.dataset_path, *tokenizer, d);
+}
+
+std::vector<MicroBatch> HeldOutBatches(const Dataset& ds, int64_t micro) {
+  std::vector<MicroBatch> eval;
+  for (int64_t i = 0; i < static_cast<int64_t>(ds.eval.size()); i += micro) {
+    std::vector<int64_t> rows;
+    for (int64_t k = i; k < std::min<int64_t>(i + micro, ds.eval.size()); ++k) rows.push_back(k);
+    eval.push_back(ToMicroBatch(ds.eval, rows));
+  }
+  return eval;
+}
+
 }  // namespace
+
+StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
+  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  try {
+    const bool cuda = UsesCuda(spec);
+    SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
+    SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJobDataset(spec, cfg));
+    if (ds.eval.empty())
+      return FailedPrecondition("job field 'eval_fraction' (" + std::to_string(spec.eval_fraction) +
+                                ") leaves no held-out sequences to evaluate");
+    TrainerOptions o;
+    o.compute_dtype = ComputeDtype(spec, cuda);
+    o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+    const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+    SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
+    SLIDE_ASSIGN_OR_RETURN(auto trainer,
+                           SlidingTrainer::Create(cfg, std::move(master), {.train = o}, MakePlanRequest(spec, cuda)));
+    return trainer->EvalLoss(HeldOutBatches(ds, micro));
+  } catch (const c10::Error& e) {
+    return Internal(e.what_without_backtrace());
+  }
+}
+
+StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
+  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
+  const bool cuda = UsesCuda(spec);
+  PlanRequest r = MakePlanRequest(spec, cuda);
+  r.model = cfg;
+  r.compute_dtype = ComputeDtype(spec, cuda);
+  r.lm_head_chunk_tokens = LossOptions{}.chunk_tokens;
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(r));
+  return plan.ToString();
+}
 
 Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(!s.model_dir.empty(), "model_dir", "is required"));
@@ -89,6 +175,8 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
             "activation_placement", "must be auto, device or host"));
   SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
   SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.export_dtype == "bf16" || s.export_dtype == "fp32", "export_dtype",
+                              "must be bf16 or fp32, got '" + s.export_dtype + "'"));
   return Status::Ok();
 }
 
@@ -99,34 +187,14 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
     if (cb.on_log) cb.on_log(m);
   };
   try {
-    const bool cuda = spec.device == "cuda" || (spec.device == "auto" && at::hasCUDA());
+    const bool cuda = UsesCuda(spec);
     if (cuda && !at::hasCUDA())
       return Status(StatusCode::kFailedPrecondition, "device 'cuda' requested but no CUDA device is present");
     const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const c10::ScalarType dtype = spec.compute_dtype == "bf16"   ? c10::kBFloat16
-                                  : spec.compute_dtype == "fp32" ? c10::kFloat
-                                  : cuda                         ? c10::kBFloat16
-                                                                 : c10::kFloat;
+    const c10::ScalarType dtype = ComputeDtype(spec, cuda);
 
     SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
-    SLIDE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(spec.model_dir + "/tokenizer.json"));
-    SLIDE_ASSIGN_OR_RETURN(TokenizerConfig tcfg, LoadTokenizerConfig(spec.model_dir));
-    if (tokenizer->vocab_size() > cfg.vocab_size)
-      return InvalidArgument("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
-                             " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
-
-    DatasetOptions d;
-    d.seq_len = spec.seq_len;
-    d.mode = spec.sequence_mode == "pack" ? SequenceMode::kPack : SequenceMode::kTruncate;
-    d.format = ParseDatasetFormat(spec.dataset_format).value();
-    d.chat_template = ParseChatTemplate(spec.chat_template).value();
-    d.bad_lines = spec.bad_lines == "skip" ? BadLinePolicy::kSkip : BadLinePolicy::kFail;
-    d.bos_token = tcfg.bos_token;
-    d.eos_token = tcfg.eos_token;
-    d.pad_token = tcfg.pad_token;
-    d.eval_fraction = spec.eval_fraction;
-    d.seed = spec.seed;
-    SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJsonlDataset(spec.dataset_path, *tokenizer, d));
+    SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJobDataset(spec, cfg));
     log("dataset: " + std::to_string(ds.stats.samples) + " samples, " + std::to_string(ds.train.size()) +
         " training and " + std::to_string(ds.eval.size()) + " held-out sequences of " + std::to_string(spec.seq_len) +
         " tokens; " + std::to_string(ds.stats.skipped) + " lines skipped");
@@ -152,16 +220,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
     o.max_grad_norm = spec.max_grad_norm;
     o.compute_dtype = dtype;
     o.device = device;
-    PlanRequest plan_request;
-    plan_request.micro_batch = micro;
-    plan_request.seq_len = spec.seq_len;
-    plan_request.grad_accum = accum;
-    plan_request.device_budget_bytes = spec.gpu_budget_bytes;
-    plan_request.window = spec.window;
-    plan_request.checkpoints = spec.activation_placement == "device" ? CheckpointPlacement::kDevice
-                               : spec.activation_placement == "host" ? CheckpointPlacement::kHost
-                                                                     : CheckpointPlacement::kAuto;
-    if (!cuda) plan_request.device_reserved_bytes = 0;
+    PlanRequest plan_request = MakePlanRequest(spec, cuda);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
     MemoryPlan plan;
     SLIDE_ASSIGN_OR_RETURN(auto trainer,
@@ -242,17 +301,13 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         SLIDE_RETURN_IF_ERROR(checkpoint(st.step));
     }
     if (!ds.eval.empty()) {
-      std::vector<MicroBatch> eval;
-      for (int64_t i = 0; i < static_cast<int64_t>(ds.eval.size()); i += micro) {
-        std::vector<int64_t> rows;
-        for (int64_t k = i; k < std::min<int64_t>(i + micro, ds.eval.size()); ++k) rows.push_back(k);
-        eval.push_back(ToMicroBatch(ds.eval, rows));
-      }
-      result.eval_loss = trainer->EvalLoss(eval);
+      result.eval_loss = trainer->EvalLoss(HeldOutBatches(ds, micro));
       log("held-out loss " + std::to_string(result.eval_loss));
     }
     ModelParams final_weights = trainer->Master();
-    SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec.output_dir, spec.model_dir, final_weights));
+    ExportOptions export_options;
+    export_options.dtype = spec.export_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
+    SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec.output_dir, spec.model_dir, final_weights, export_options));
     result.export_dir = spec.output_dir;
     log("exported to " + spec.output_dir);
     return result;

@@ -43,6 +43,7 @@ struct TrainingJobSpec {
   int64_t window = 0;                         // 0 = the planner chooses
   std::string activation_placement = "auto";  // auto | device | host
   int64_t log_every = 1;
+  std::string export_dtype = "bf16";  // bf16 | fp32: the dtype of the exported weights
   // Checkpoints (everything to resume exactly; see training_checkpoint.h). An empty directory disables them.
   // When the directory already holds a checkpoint of this job, the job resumes from it.
   std::string checkpoint_dir;
@@ -75,6 +76,15 @@ struct TrainingResult {
   bool suspended = false;     // stopped by `suspend` after checkpointing: run it again to resume
   int64_t resumed_from = -1;  // the checkpoint step it started from (-1: from the model directory)
 };
+
+// Reads the model's config.json and runs the memory planner for this job (no weights loaded): the plan as a
+// table, or RESOURCE_EXHAUSTED with needed vs available when the job cannot fit the GPU budget or this
+// machine's memory. The daemon calls it at submission.
+StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec);
+
+// The mean token loss of the model in `spec.model_dir` on the spec's held-out split (eval_fraction > 0), the
+// split a training run of the same spec uses; nothing is trained. E.g. the loss of an exported model.
+StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec);
 
 // `cancel` stops at the next step boundary (status CANCELLED). `suspend` stops there too, after writing a
 // checkpoint (result.suspended): the daemon uses it on shutdown.

@@ -1,5 +1,6 @@
-// A real slided process for integration tests: started on 127.0.0.1:0, its port read from --port-file,
-// killed (SIGKILL) on destruction unless Terminate() stopped it.
+// A real slided process for integration tests: started on 127.0.0.1:0 (gRPC and metrics), its ports read from
+// the port files, its state in a temporary directory (or a given one, to restart on the same state), killed
+// (SIGKILL) on destruction unless Terminate() or Kill() stopped it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -8,10 +9,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "slide/v1/slide.grpc.pb.h"
 
@@ -20,19 +23,46 @@ namespace slide::testing {
 namespace fs = std::filesystem;
 namespace v1 = slide::v1;
 
+struct DaemonOptions {
+  std::string state_dir;                // empty: a fresh directory of this Daemon
+  std::vector<std::string> extra_args;  // e.g. --config FILE
+  std::string token_env;                // SLIDE_TOKEN for the process
+  bool wait_for_port = true;
+};
+
 class Daemon {
  public:
-  Daemon() {
+  explicit Daemon(DaemonOptions options = {}) {
     dir_ = fs::temp_directory_path() / ("slided-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
     fs::create_directories(dir_);
-    const std::string port_file = (dir_ / "port").string();
+    state_dir_ = options.state_dir.empty() ? (dir_ / "state").string() : options.state_dir;
+    const std::string port_file = (dir_ / "port").string(), metrics_file = (dir_ / "metrics-port").string();
+    const std::string log = (dir_ / "slided.log").string();
+    std::vector<std::string> args = {
+        SLIDED_PATH, "--listen",         "127.0.0.1:0", "--port-file",         port_file,   "--state-dir",
+        state_dir_,  "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", metrics_file};
+    args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
     pid_ = fork();
     if (pid_ == 0) {
-      execl(SLIDED_PATH, SLIDED_PATH, "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), nullptr);
+      if (options.token_env.empty()) {
+        unsetenv("SLIDE_TOKEN");
+      } else {
+        setenv("SLIDE_TOKEN", options.token_env.c_str(), 1);
+      }
+      if (std::FILE* f = std::freopen(log.c_str(), "w", stderr); f == nullptr) _exit(126);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(SLIDED_PATH, argv.data());
       _exit(127);
     }
-    for (int i = 0; i < 300 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!options.wait_for_port) return;
+    for (int i = 0; i < 600 && !fs::exists(metrics_file); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (Exited()) return;
+    }
     std::ifstream(port_file) >> port_;
+    std::ifstream(metrics_file) >> metrics_port_;
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials());
     stub_ = v1::Slide::NewStub(channel_);
   }
@@ -44,6 +74,36 @@ class Daemon {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
+  // True once the process has exited (its status then in exit_status()).
+  bool Exited() {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return pid_ <= 0;
+  }
+  // Waits up to `seconds` for the process to exit by itself; its status, or -1.
+  int WaitExit(int seconds) {
+    for (int i = 0; i < seconds * 20; ++i) {
+      if (Exited()) return exit_status_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  void Kill() {  // kill -9: no chance to checkpoint or flush
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  std::string Log() const {
+    std::ifstream in(dir_ / "slided.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string& state_dir() const { return state_dir_; }
+  int metrics_port() const { return metrics_port_; }
   // SIGTERM and the exit status (-1 if it did not exit within `seconds`).
   int Terminate(int seconds) {
     kill(pid_, SIGTERM);
@@ -64,10 +124,29 @@ class Daemon {
  private:
   static inline int counter_ = 0;
   fs::path dir_;
+  std::string state_dir_;
   pid_t pid_ = -1;
-  int port_ = 0;
+  int port_ = 0, metrics_port_ = 0, exit_status_ = -1;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Slide::Stub> stub_;
 };
+
+// The bundled demo job (deploy/demo), on the CPU unless SLIDE_TEST_DEVICE names another device.
+inline v1::JobSpec DemoJobSpec(const std::string& out, int steps) {
+  v1::JobSpec s;
+  s.set_name("demo");
+  s.set_model_dir(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model");
+  s.set_dataset(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/train.jsonl");
+  s.set_output_dir(out);
+  s.set_steps(steps);
+  s.set_batch_size(16);
+  s.set_seq_len(32);
+  s.set_sequence_mode("truncate");
+  s.set_lr(3e-3);
+  s.set_warmup_steps(2);
+  // SLIDE_TEST_DEVICE=cuda runs the same jobs on the GPU (the load figure is only meaningful there).
+  s.set_device(std::getenv("SLIDE_TEST_DEVICE") != nullptr ? std::getenv("SLIDE_TEST_DEVICE") : "cpu");
+  return s;
+}
 
 }  // namespace slide::testing

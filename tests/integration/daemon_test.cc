@@ -23,21 +23,7 @@ namespace v1 = slide::v1;
 namespace fs = std::filesystem;
 using slide::testing::Daemon;
 
-v1::JobSpec DemoSpec(const Daemon& d, int steps) {
-  v1::JobSpec s;
-  s.set_name("demo");
-  s.set_model_dir(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model");
-  s.set_dataset(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/train.jsonl");
-  s.set_output_dir(d.Path("export"));
-  s.set_steps(steps);
-  s.set_batch_size(16);
-  s.set_seq_len(32);
-  s.set_sequence_mode("truncate");
-  s.set_lr(3e-3);
-  s.set_warmup_steps(2);
-  s.set_device("cpu");
-  return s;
-}
+v1::JobSpec DemoSpec(const Daemon& d, int steps) { return slide::testing::DemoJobSpec(d.Path("export"), steps); }
 
 TEST(Daemon, DemoJobRunsToSuccessWithFallingLoss) {
   Daemon d;

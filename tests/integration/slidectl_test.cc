@@ -22,8 +22,9 @@ struct CliResult {
   std::string out;
 };
 
-CliResult Slidectl(const std::string& args) {
-  const std::string cmd = std::string(SLIDECTL_PATH) + " " + args + " 2>&1";
+// `raw`: args is the whole shell command line (to set environment variables).
+CliResult Slidectl(const std::string& args, bool raw = false) {
+  const std::string cmd = (raw ? args : std::string(SLIDECTL_PATH) + " " + args) + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -99,12 +100,19 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   EXPECT_EQ(r.out, "slidectl: no job 'job-424242'\n");
   r = Slidectl(addr + " frobnicate");
   EXPECT_EQ(r.code, 2);
+  // A model that is not there is refused at submission (the daemon plans memory from its config.json).
+  std::ofstream(d.Path("nomodel.yaml")) << "model_dir: /nonexistent/model\ndataset: x.jsonl\noutput_dir: out\n"
+                                           "steps: 2\ndevice: cpu\n";
+  r = Slidectl(addr + " submit " + d.Path("nomodel.yaml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/model/config.json"), std::string::npos) << r.out;
   // A failing job: exit 1 with the daemon's error.
-  std::ofstream(d.Path("broken.yaml")) << "model_dir: /nonexistent/model\ndataset: x.jsonl\noutput_dir: out\n"
-                                          "steps: 2\ndevice: cpu\n";
+  std::ofstream(d.Path("broken.yaml")) << "model_dir: " << SLIDE_SOURCE_DIR << "/deploy/demo/model\n"
+                                       << "dataset: missing.jsonl\noutput_dir: out\nsteps: 2\ndevice: cpu\n";
   r = Slidectl(addr + " submit " + d.Path("broken.yaml") + " --follow");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("error: NOT_FOUND: /nonexistent/model/config.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("error: NOT_FOUND: " + d.Path("missing.jsonl") + ": cannot open dataset"), std::string::npos)
+      << r.out;
   EXPECT_EQ(d.Terminate(15), 0);
   r = Slidectl(addr + " --json status");  // nobody listens now
   EXPECT_EQ(r.code, 3) << r.out;
@@ -112,6 +120,47 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   CliResult help = Slidectl("submit --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("submit FILE.yaml [--follow]"), std::string::npos) << help.out;
+}
+
+// A daemon with a token: slidectl without it exits 3 with the daemon's message; --token or SLIDE_TOKEN work.
+TEST(Slidectl, TokenFromTheFlagOrTheEnvironment) {
+  Daemon d(slide::testing::DaemonOptions{.token_env = "tok-123"});
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  CliResult r = Slidectl(addr + " status");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("this daemon requires a bearer token"), std::string::npos) << r.out;
+  r = Slidectl(addr + " --token wrong status");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("wrong bearer token"), std::string::npos) << r.out;
+  r = Slidectl(addr + " --token tok-123 status");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gpu memory:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("host memory:"), std::string::npos) << r.out;
+  r = Slidectl("SLIDE_TOKEN=tok-123 " + std::string(SLIDECTL_PATH) + " " + addr + " --json status", true);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state_dir"], d.state_dir()) << r.out;
+}
+
+// security.tls_cert_file/tls_key_file: gRPC over TLS. slidectl with --tls-ca trusting the certificate gets
+// through; without it (plaintext) it cannot reach the daemon.
+TEST(Slidectl, TlsWithTheDaemonsCertificate) {
+  if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl binary to make a certificate";
+  Daemon plain;  // only for its temporary directory
+  const std::string cert = plain.Path("cert.pem"), key = plain.Path("key.pem"), config = plain.Path("tls.yaml");
+  const std::string make =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext "
+      "subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      key + " -out " + cert + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  std::ofstream(config) << "security:\n  tls_cert_file: " << cert << "\n  tls_key_file: " << key << "\n";
+  Daemon d(slide::testing::DaemonOptions{.extra_args = {"--config", config}});
+  ASSERT_GT(d.port(), 0) << d.Log();
+  EXPECT_NE(d.Log().find(", TLS)"), std::string::npos) << d.Log();
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  CliResult r = Slidectl(addr + " --tls-ca " + cert + " status");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Slidectl(addr + " status");
+  EXPECT_EQ(r.code, 3) << r.out;
 }
 
 // On a terminal, --follow redraws one progress line instead of printing a line per step (read off a real tmux

@@ -51,6 +51,32 @@ TEST(TrainingJob, DemoTrainsEvaluatesAndExports) {
               r.eval_loss, logs.size());
 }
 
+// The export is the trained model: evaluated afresh from its files, its held-out loss is the one the job
+// reported (fp32 export: equal to float rounding; bf16 export: within the bf16 rounding of the weights).
+TEST(TrainingJob, ExportLoadsBackWithTheJobsHeldOutLoss) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 10;
+  spec.export_dtype = "fp32";
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, nullptr));
+  ASSERT_GT(r.eval_loss, 0);
+  TrainingJobSpec reload = spec;
+  reload.model_dir = r.export_dir;
+  const double fp32 = testing::ValueOrDie(EvaluateHeldOutLoss(reload));
+  EXPECT_NEAR(fp32, r.eval_loss, 1e-6 * r.eval_loss);
+
+  spec.export_dtype = "bf16";
+  spec.output_dir = out.File("export-bf16");
+  r = testing::ValueOrDie(RunTrainingJob(spec, {}, nullptr));
+  reload.model_dir = r.export_dir;
+  const double bf16 = testing::ValueOrDie(EvaluateHeldOutLoss(reload));
+  EXPECT_NEAR(bf16, r.eval_loss, 1e-2 * r.eval_loss);
+  std::printf("JOB export reload: held-out %.6f, fp32 export %.6f, bf16 export %.6f\n", r.eval_loss, fp32, bf16);
+
+  reload.eval_fraction = 0;
+  EXPECT_EQ(EvaluateHeldOutLoss(reload).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(TrainingJob, BadSpecsNameTheField) {
   testing::TempDir out;
   auto expect = [&](auto mutate, const std::string& part) {

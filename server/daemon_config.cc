@@ -1,0 +1,165 @@
+#include "server/daemon_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+#include "engine/common/files.h"
+
+namespace slide {
+
+const char kDefaultDaemonConfigYaml[] = R"(# slided defaults (slided --print-default-config)
+server:
+  listen: 127.0.0.1:50151
+  metrics_listen: 127.0.0.1:9464
+  shutdown_deadline_seconds: 30
+storage:
+  state_dir: ""            # empty: $XDG_DATA_HOME/slideformer or ~/.local/share/slideformer
+security:
+  token: ""                # required when listening beyond loopback (or token_file, or SLIDE_TOKEN)
+  token_file: ""
+  tls_cert_file: ""        # both set: gRPC over TLS
+  tls_key_file: ""
+  allowed_roots: []        # job model/dataset/output paths must lie under one of these; [] = anywhere
+jobs:
+  checkpoint_every: 100    # optimizer steps between checkpoints when a job does not say
+  max_events_per_job: 4096
+  gpu_budget_bytes: 25769803776   # 24 GiB
+)";
+
+namespace {
+
+std::string Where(const std::string& file, const YAML::Node& n, const std::string& field) {
+  return file + ":" + std::to_string(n.Mark().line + 1) + ":" + std::to_string(n.Mark().column + 1) + ": " + field;
+}
+
+using Setter = std::function<void(DaemonConfig*, const YAML::Node&)>;
+
+Setter Str(std::string DaemonConfig::*m) {
+  return [m](DaemonConfig* c, const YAML::Node& n) { c->*m = n.as<std::string>(); };
+}
+Setter Int(int64_t DaemonConfig::*m) {
+  return [m](DaemonConfig* c, const YAML::Node& n) { c->*m = n.as<int64_t>(); };
+}
+
+const std::map<std::string, std::map<std::string, Setter>>& Schema() {
+  static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
+      {"server",
+       {{"listen", Str(&DaemonConfig::listen)},
+        {"metrics_listen", Str(&DaemonConfig::metrics_listen)},
+        {"shutdown_deadline_seconds", Int(&DaemonConfig::shutdown_deadline_seconds)}}},
+      {"storage", {{"state_dir", Str(&DaemonConfig::state_dir)}}},
+      {"security",
+       {{"token", Str(&DaemonConfig::token)},
+        {"token_file", Str(&DaemonConfig::token_file)},
+        {"tls_cert_file", Str(&DaemonConfig::tls_cert_file)},
+        {"tls_key_file", Str(&DaemonConfig::tls_key_file)},
+        {"allowed_roots",
+         [](DaemonConfig* c, const YAML::Node& n) {
+           if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+           c->allowed_roots.clear();
+           for (const auto& r : n) c->allowed_roots.push_back(r.as<std::string>());
+         }}}},
+      {"jobs",
+       {{"checkpoint_every", Int(&DaemonConfig::checkpoint_every)},
+        {"max_events_per_job", Int(&DaemonConfig::max_events_per_job)},
+        {"gpu_budget_bytes", Int(&DaemonConfig::gpu_budget_bytes)}}},
+  };
+  return *schema;
+}
+
+Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
+  if (root.IsNull()) return Status::Ok();  // an empty file
+  if (!root.IsMap()) return InvalidArgument(Where(file, root, "") + "the config must be a mapping of sections");
+  for (auto sec = root.begin(); sec != root.end(); ++sec) {
+    const std::string section = sec->first.as<std::string>();
+    auto s = Schema().find(section);
+    if (s == Schema().end())
+      return InvalidArgument(Where(file, sec->first, section) +
+                             ": unknown section (expected server, storage, security or jobs)");
+    if (sec->second.IsNull()) continue;
+    if (!sec->second.IsMap()) return InvalidArgument(Where(file, sec->second, section) + ": must be a mapping");
+    for (auto kv = sec->second.begin(); kv != sec->second.end(); ++kv) {
+      const std::string key = kv->first.as<std::string>(), path = section + "." + key;
+      auto f = s->second.find(key);
+      if (f == s->second.end()) return InvalidArgument(Where(file, kv->first, path) + ": unknown key");
+      try {
+        f->second(c, kv->second);
+      } catch (const YAML::Exception&) {
+        return InvalidArgument(Where(file, kv->second, path) + ": wrong type");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Check(bool ok, const std::string& field, const std::string& what) {
+  return ok ? Status::Ok() : InvalidArgument("config field '" + field + "' " + what);
+}
+
+}  // namespace
+
+StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
+  DaemonConfig c;
+  SLIDE_RETURN_IF_ERROR(Apply("<defaults>", YAML::Load(kDefaultDaemonConfigYaml), &c));
+  if (!path.empty()) {
+    SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      return InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                             ": " + e.msg);
+    }
+    SLIDE_RETURN_IF_ERROR(Apply(path, root, &c));
+  }
+  SLIDE_RETURN_IF_ERROR(Check(c.shutdown_deadline_seconds >= 1, "server.shutdown_deadline_seconds", "must be >= 1"));
+  SLIDE_RETURN_IF_ERROR(Check(c.checkpoint_every >= 1, "jobs.checkpoint_every", "must be >= 1"));
+  SLIDE_RETURN_IF_ERROR(Check(c.max_events_per_job >= 16, "jobs.max_events_per_job", "must be >= 16"));
+  SLIDE_RETURN_IF_ERROR(Check(c.gpu_budget_bytes > 0, "jobs.gpu_budget_bytes", "must be > 0"));
+  for (size_t i = 0; i < c.allowed_roots.size(); ++i)
+    SLIDE_RETURN_IF_ERROR(Check(!c.allowed_roots[i].empty() && c.allowed_roots[i][0] == '/',
+                                "security.allowed_roots[" + std::to_string(i) + "]", "must be an absolute path"));
+  return c;
+}
+
+bool IsLoopbackAddress(const std::string& host_port) {
+  if (host_port.rfind("unix:", 0) == 0) return true;
+  const size_t colon = host_port.rfind(':');
+  std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+Status FinalizeDaemonConfig(DaemonConfig* c) {
+  if (c->state_dir.empty()) {
+    const char* xdg = std::getenv("XDG_DATA_HOME");
+    const char* home = std::getenv("HOME");
+    if (xdg != nullptr && xdg[0] == '/') {
+      c->state_dir = std::string(xdg) + "/slideformer";
+    } else if (home != nullptr && home[0] != '\0') {
+      c->state_dir = std::string(home) + "/.local/share/slideformer";
+    } else {
+      return InvalidArgument("config field 'storage.state_dir' is empty and neither XDG_DATA_HOME nor HOME is set");
+    }
+  }
+  if (c->token.empty() && !c->token_file.empty()) {
+    auto t = ReadFileToString(c->token_file);
+    if (!t.ok()) return InvalidArgument("config field 'security.token_file': " + t.status().message());
+    c->token = t.value().substr(0, t.value().find('\n'));
+  }
+  if (c->token.empty()) {
+    if (const char* env = std::getenv("SLIDE_TOKEN")) c->token = env;
+  }
+  if (!IsLoopbackAddress(c->listen) && c->token.empty())
+    return InvalidArgument("listening on " + c->listen +
+                           " (beyond loopback) requires a bearer token: set security.token, security.token_file "
+                           "or SLIDE_TOKEN");
+  if (c->tls_cert_file.empty() != c->tls_key_file.empty())
+    return InvalidArgument("config fields 'security.tls_cert_file' and 'security.tls_key_file' must be set together");
+  return Status::Ok();
+}
+
+}  // namespace slide

@@ -1,0 +1,40 @@
+// The daemon's configuration: embedded defaults (kDefaultDaemonConfigYaml, so slided starts with no file),
+// overlaid by an optional YAML file, overlaid by flags. Every error names the file, line and field path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+
+namespace slide {
+
+struct DaemonConfig {
+  // server
+  std::string listen;          // gRPC HOST:PORT (port 0 picks one)
+  std::string metrics_listen;  // Prometheus /metrics HOST:PORT; empty disables it
+  int64_t shutdown_deadline_seconds = 0;
+  // storage
+  std::string state_dir;  // empty: $XDG_DATA_HOME/slideformer, else ~/.local/share/slideformer
+  // security
+  std::string token;       // bearer token every slide.v1 call must carry when set
+  std::string token_file;  // or read from this file (first line)
+  std::string tls_cert_file, tls_key_file;
+  std::vector<std::string> allowed_roots;  // job paths must resolve under one of these; empty: anywhere
+  // jobs
+  int64_t checkpoint_every = 0;  // default for jobs that leave it at 0
+  int64_t max_events_per_job = 0;
+  int64_t gpu_budget_bytes = 0;  // default per-job GPU budget
+};
+
+extern const char kDefaultDaemonConfigYaml[];
+
+// Defaults, then `path` when not empty. Unknown keys, wrong types and bad values are errors.
+StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path);
+// Cross-field checks after flags were applied: resolves state_dir and the token file, and refuses to listen
+// beyond loopback without a token.
+Status FinalizeDaemonConfig(DaemonConfig* config);
+bool IsLoopbackAddress(const std::string& host_port);
+
+}  // namespace slide

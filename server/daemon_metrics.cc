@@ -1,0 +1,83 @@
+#include "server/daemon_metrics.h"
+
+namespace slide {
+namespace {
+prometheus::Gauge* Gauge(prometheus::Registry& r, const std::string& name, const std::string& help,
+                         const prometheus::Labels& labels = {}) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+}
+prometheus::Counter* Counter(prometheus::Registry& r, const std::string& name, const std::string& help,
+                             const prometheus::Labels& labels = {}) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+}
+}  // namespace
+
+DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_bytes, int64_t device_total_bytes)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  Gauge(r, "slide_build_info", "Build of the running daemon (value 1)", {{"version", version}})->Set(1);
+  steps_ = Counter(r, "slide_steps_total", "Optimizer steps completed by all jobs");
+  tokens_ = Counter(r, "slide_tokens_total", "Training tokens processed by all jobs");
+  job_step_ = Gauge(r, "slide_job_step", "Optimizer step of the running (or last) job");
+  job_total_steps_ = Gauge(r, "slide_job_total_steps", "Total optimizer steps of the running (or last) job");
+  step_seconds_ = Gauge(r, "slide_step_seconds", "Wall time of the last optimizer step");
+  tokens_per_second_ = Gauge(r, "slide_tokens_per_second", "Training throughput of the last step");
+  tflops_ = Gauge(r, "slide_model_tflops", "Model TFLOPS (6*N*tokens per second) of the last step");
+  loss_ = Gauge(r, "slide_loss", "Training loss of the last step");
+  lr_ = Gauge(r, "slide_learning_rate", "Learning rate of the last step");
+  grad_norm_ = Gauge(r, "slide_grad_norm", "Global gradient L2 norm of the last step (before clipping)");
+  auto& busy = prometheus::BuildCounter()
+                   .Name("slide_busy_seconds_total")
+                   .Help("Busy time per resource over all steps: what bounds the step")
+                   .Register(r);
+  busy_compute_ = &busy.Add({{"resource", "gpu_compute"}});
+  busy_h2d_ = &busy.Add({{"resource", "h2d"}});
+  busy_d2h_ = &busy.Add({{"resource", "d2h"}});
+  busy_update_ = &busy.Add({{"resource", "cpu_update"}});
+  auto& gpu = prometheus::BuildGauge().Name("slide_gpu_memory_bytes").Help("Device memory").Register(r);
+  gpu_used_ = &gpu.Add({{"kind", "reserved"}});
+  gpu_budget_ = &gpu.Add({{"kind", "budget"}});
+  gpu_total_ = &gpu.Add({{"kind", "total"}});
+  gpu_budget_->Set(static_cast<double>(gpu_budget_bytes));
+  gpu_total_->Set(static_cast<double>(device_total_bytes));
+  host_resident_ = Gauge(r, "slide_host_memory_bytes", "Resident host memory of the daemon", {{"kind", "resident"}});
+  auto& jobs = prometheus::BuildGauge().Name("slide_jobs").Help("Jobs by state").Register(r);
+  for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
+                     JobState::kFailed, JobState::kCancelled})
+    jobs_[s] = &jobs.Add({{"state", JobStateName(s)}});
+  queue_ = Gauge(r, "slide_queue_length", "Jobs waiting for the engine");
+}
+
+StatusOr<int> DaemonMetrics::Serve(const std::string& listen) {
+  http_ = std::make_unique<MetricsHttpServer>(registry_);
+  return http_->Start(listen);
+}
+
+void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_t tokens_per_step) {
+  steps_->Increment(static_cast<double>(new_steps));
+  tokens_->Increment(static_cast<double>(new_steps * tokens_per_step));
+  job_step_->Set(static_cast<double>(e.step));
+  job_total_steps_->Set(static_cast<double>(e.total_steps));
+  step_seconds_->Set(e.step_seconds);
+  tokens_per_second_->Set(e.tokens_per_second);
+  tflops_->Set(e.model_tflops);
+  loss_->Set(e.loss);
+  lr_->Set(e.lr);
+  grad_norm_->Set(e.grad_norm);
+  busy_compute_->Increment(e.compute_seconds);
+  busy_h2d_->Increment(e.h2d_seconds);
+  busy_d2h_->Increment(e.d2h_seconds);
+  busy_update_->Increment(e.cpu_update_seconds);
+  gpu_used_->Set(static_cast<double>(e.device_bytes));
+  host_resident_->Set(static_cast<double>(e.host_bytes));
+}
+
+void DaemonMetrics::OnJobCounts(const std::map<JobState, int>& by_state, int queued) {
+  for (auto& [state, gauge] : jobs_) {
+    auto it = by_state.find(state);
+    gauge->Set(it == by_state.end() ? 0 : it->second);
+  }
+  queue_->Set(queued);
+}
+
+}  // namespace slide

@@ -1,0 +1,418 @@
+// The daemon's durable state, configuration, security and metrics, with the real slided binary:
+// kill -9 and SIGTERM restarts resume from checkpoints; a corrupt checkpoint fails only its job; bad config
+// and missing tokens are refused; job paths stay inside the allowed roots; a real Prometheus server scrapes
+// /metrics; 50 watchers and 1,000 reads while a job trains.
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "slide/v1/slide.grpc.pb.h"
+#include "tests/integration/daemon_process.h"
+
+namespace {
+
+namespace v1 = slide::v1;
+namespace fs = std::filesystem;
+using slide::testing::Daemon;
+using slide::testing::DaemonOptions;
+
+v1::JobSpec Demo(const std::string& out, int steps) { return slide::testing::DemoJobSpec(out, steps); }
+
+std::string Submit(Daemon& d, const v1::JobSpec& spec, grpc::Status* status = nullptr) {
+  grpc::ClientContext c;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobResponse resp;
+  grpc::Status s = d.stub().SubmitJob(&c, req, &resp);
+  if (status != nullptr) *status = s;
+  return resp.job().id();
+}
+
+v1::Job Get(Daemon& d, const std::string& id) {
+  grpc::ClientContext c;
+  v1::GetJobRequest g;
+  g.set_id(id);
+  v1::GetJobResponse r;
+  EXPECT_TRUE(d.stub().GetJob(&c, g, &r).ok());
+  return r.job();
+}
+
+// Polls GetJob until `done` holds (or ~`seconds` pass); the last record.
+v1::Job WaitFor(Daemon& d, const std::string& id, const std::function<bool(const v1::Job&)>& done, int seconds) {
+  v1::Job j;
+  for (int i = 0; i < seconds * 20; ++i) {
+    j = Get(d, id);
+    if (done(j)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return j;
+}
+
+std::vector<v1::JobEvent> Events(Daemon& d, const std::string& id) {
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  v1::WatchJobRequest w;
+  w.set_id(id);
+  auto reader = d.stub().WatchJob(&c, w);
+  std::vector<v1::JobEvent> out;
+  v1::JobEvent e;
+  while (reader->Read(&e)) out.push_back(e);
+  EXPECT_TRUE(reader->Finish().ok());
+  return out;
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(Daemon& d) {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()), grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext c;
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!stub->Check(&c, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
+// The step after the "resumed from the checkpoint at step N" log line, and the steps reported after it.
+struct Resume {
+  int64_t from = -1;
+  std::vector<int64_t> steps_after;
+  std::vector<int64_t> steps_before;
+};
+Resume ReadResume(const std::vector<v1::JobEvent>& events) {
+  Resume r;
+  for (const auto& e : events) {
+    if (e.has_log() && e.log().rfind("resumed from the checkpoint at step ", 0) == 0)
+      r.from = std::stoll(e.log().substr(std::string("resumed from the checkpoint at step ").size()));
+    if (e.has_metrics()) (r.from < 0 ? r.steps_before : r.steps_after).push_back(e.metrics().step());
+  }
+  return r;
+}
+
+TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
+  Daemon first;
+  v1::JobSpec spec = Demo(first.Path("export"), 40);
+  spec.set_checkpoint_every(5);
+  const std::string id = Submit(first, spec);
+  ASSERT_FALSE(id.empty());
+  const v1::Job seen = WaitFor(
+      first, id, [](const v1::Job& j) { return j.step() >= 12; }, 120);
+  ASSERT_GE(seen.step(), 12);
+  first.Kill();
+  const int64_t before_kill = seen.step();
+
+  Daemon second(DaemonOptions{.state_dir = first.state_dir()});
+  ASSERT_GT(second.port(), 0) << second.Log();
+  grpc::ClientContext c;
+  v1::ListJobsRequest lr;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(second.stub().ListJobs(&c, lr, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), id);
+
+  const v1::Job done = WaitFor(
+      second, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 300);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.step(), 40);
+  const Resume r = ReadResume(Events(second, id));
+  // The checkpoint every 5 steps: at most 5 steps are redone, and the count continues from the checkpoint.
+  ASSERT_GE(r.from, 10);
+  EXPECT_EQ(r.from % 5, 0);
+  EXPECT_GE(r.from, before_kill - 5);
+  ASSERT_FALSE(r.steps_after.empty());
+  for (size_t i = 0; i < r.steps_after.size(); ++i) EXPECT_EQ(r.steps_after[i], r.from + 1 + int64_t(i));
+  EXPECT_EQ(r.steps_after.back(), 40);
+  // The events from before the kill survived it (durable tail).
+  EXPECT_GE(static_cast<int64_t>(r.steps_before.size()), before_kill - 1);
+  EXPECT_TRUE(fs::exists(done.export_dir() + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(second.state_dir() + "/jobs/" + id + "/checkpoint"));  // removed after success
+}
+
+TEST(DaemonState, SigtermCheckpointsTheRunningJobAndTheNextStartResumesIt) {
+  Daemon first;
+  v1::JobSpec spec = Demo(first.Path("export"), 30);
+  spec.set_checkpoint_every(1000);  // only the shutdown checkpoint
+  const std::string id = Submit(first, spec);
+  ASSERT_GE(WaitFor(
+                first, id, [](const v1::Job& j) { return j.step() >= 3; }, 120)
+                .step(),
+            3);
+  EXPECT_EQ(first.Terminate(30), 0) << first.Log();
+
+  Daemon second(DaemonOptions{.state_dir = first.state_dir()});
+  const v1::Job done = WaitFor(
+      second, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 300);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.error();
+  const Resume r = ReadResume(Events(second, id));
+  ASSERT_GE(r.from, 3);
+  ASSERT_FALSE(r.steps_after.empty());
+  EXPECT_EQ(r.steps_after.front(), r.from + 1);  // nothing lost, nothing done twice
+  EXPECT_EQ(r.steps_after.back(), 30);
+}
+
+TEST(DaemonState, CorruptCheckpointFailsOnlyItsJob) {
+  Daemon first;
+  v1::JobSpec spec = Demo(first.Path("export"), 40);
+  spec.set_checkpoint_every(2);
+  const std::string id = Submit(first, spec);
+  ASSERT_GE(WaitFor(
+                first, id, [](const v1::Job& j) { return j.step() >= 5; }, 120)
+                .step(),
+            5);
+  first.Kill();
+  const std::string ckpt = first.state_dir() + "/jobs/" + id + "/checkpoint";
+  std::string latest;
+  std::ifstream(ckpt + "/LATEST") >> latest;
+  const std::string tensors = ckpt + "/" + latest + "/optimizer.safetensors";
+  ASSERT_TRUE(fs::exists(tensors));
+  std::ofstream(tensors, std::ios::trunc) << "not a safetensors file";
+
+  Daemon second(DaemonOptions{.state_dir = first.state_dir()});
+  const v1::Job failed = WaitFor(
+      second, id, [](const v1::Job& j) { return j.state() == v1::FAILED; }, 120);
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_NE(failed.error().find("DATA_LOSS"), std::string::npos) << failed.error();
+  EXPECT_NE(failed.error().find(tensors), std::string::npos) << failed.error();
+  EXPECT_EQ(Health(second), grpc::health::v1::HealthCheckResponse::SERVING);
+  const std::string next = Submit(second, Demo(second.Path("export2"), 3));
+  EXPECT_EQ(WaitFor(
+                second, next, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
+                .state(),
+            v1::SUCCEEDED);
+}
+
+TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
+  const fs::path root = fs::temp_directory_path() / ("slided-roots-" + std::to_string(getpid()));
+  fs::create_directories(root / "jobs");
+  fs::create_symlink(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo", root / "jobs" / "escape");
+  const std::string config = (root / "slided.yaml").string();
+  std::ofstream(config) << "security:\n  allowed_roots: [" << (root / "jobs").string() << "]\n";
+  Daemon d(DaemonOptions{.extra_args = {"--config", config}});
+  ASSERT_GT(d.port(), 0) << d.Log();
+
+  grpc::Status s;
+  Submit(d, Demo((root / "jobs" / "out").string(), 3), &s);  // the model lies outside the root
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(s.error_message().find("job field 'model_dir'"), std::string::npos) << s.error_message();
+  v1::JobSpec via_link = Demo((root / "jobs" / "out").string(), 3);
+  via_link.set_model_dir((root / "jobs" / "escape" / "model").string());  // a symlink out of the root
+  via_link.set_dataset((root / "jobs" / "escape" / "train.jsonl").string());
+  Submit(d, via_link, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(s.error_message().find("outside the allowed roots"), std::string::npos) << s.error_message();
+
+  Daemon open;
+  v1::JobSpec big = Demo(open.Path("export"), 3);
+  big.set_gpu_budget_bytes(1 << 16);
+  Submit(open, big, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("the device budget is"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Health(open), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+TEST(DaemonState, BadConfigAndMissingTokenStopTheStartWithTheField) {
+  const fs::path dir = fs::temp_directory_path() / ("slided-config-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string bad = (dir / "bad.yaml").string();
+  std::ofstream(bad) << "server:\n  listne: 127.0.0.1:1\n";
+  Daemon a(DaemonOptions{.extra_args = {"--config", bad}, .wait_for_port = false});
+  EXPECT_EQ(a.WaitExit(20), 2);
+  EXPECT_NE(a.Log().find(bad + ":2:3: server.listne: unknown key"), std::string::npos) << a.Log();
+
+  const std::string wrong_type = (dir / "type.yaml").string();
+  std::ofstream(wrong_type) << "jobs:\n  checkpoint_every: often\n";
+  Daemon b(DaemonOptions{.extra_args = {"--config", wrong_type}, .wait_for_port = false});
+  EXPECT_EQ(b.WaitExit(20), 2);
+  EXPECT_NE(b.Log().find("jobs.checkpoint_every: wrong type"), std::string::npos) << b.Log();
+
+  Daemon c(DaemonOptions{.extra_args = {"--listen", "0.0.0.0:0"}, .wait_for_port = false});
+  EXPECT_EQ(c.WaitExit(20), 2);
+  EXPECT_NE(c.Log().find("(beyond loopback) requires a bearer token"), std::string::npos) << c.Log();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(DaemonState, EveryCallNeedsTheTokenWhenOneIsSet) {
+  Daemon d(DaemonOptions{.token_env = "s3cret-token"});
+  ASSERT_GT(d.port(), 0) << d.Log();
+  auto status_with = [&](const std::string& token) {
+    grpc::ClientContext c;
+    if (!token.empty()) c.AddMetadata("authorization", "Bearer " + token);
+    v1::GetServerStatusRequest r;
+    v1::ServerStatus s;
+    return d.stub().GetServerStatus(&c, r, &s);
+  };
+  EXPECT_EQ(status_with("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status_with("s3cret-tokeN").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(status_with("s3cret-token").ok());
+  grpc::Status submit;
+  Submit(d, Demo(d.Path("export"), 2), &submit);
+  EXPECT_EQ(submit.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Health(d), grpc::health::v1::HealthCheckResponse::SERVING);  // health stays open to probes
+}
+
+// --- Prometheus -------------------------------------------------------------------------------------------
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// GET http://127.0.0.1:port/path; the body ("" on failure).
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
+  const char* prometheus = "/usr/bin/prometheus";
+  if (!fs::exists(prometheus)) GTEST_SKIP() << "Debian's prometheus package is not installed";
+  Daemon d;
+  ASSERT_GT(d.metrics_port(), 0) << d.Log();
+  const std::string id = Submit(d, Demo(d.Path("export"), 12));
+  ASSERT_EQ(WaitFor(
+                d, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
+                .state(),
+            v1::SUCCEEDED);
+  const std::string text = HttpGet(d.metrics_port(), "/metrics");
+  EXPECT_NE(text.find("slide_steps_total 12"), std::string::npos) << text;
+  EXPECT_NE(text.find("slide_jobs{state=\"SUCCEEDED\"} 1"), std::string::npos) << text;
+
+  const fs::path dir = d.Path("prometheus");
+  fs::create_directories(dir);
+  std::ofstream(dir / "prometheus.yml") << "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: slided\n"
+                                        << "    static_configs:\n      - targets: ['127.0.0.1:" << d.metrics_port()
+                                        << "']\n";
+  const int web = FreePort();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::freopen((dir / "prometheus.log").c_str(), "w", stderr);
+    const std::string cfg = "--config.file=" + (dir / "prometheus.yml").string();
+    const std::string data = "--storage.tsdb.path=" + (dir / "data").string();
+    const std::string addr = "--web.listen-address=127.0.0.1:" + std::to_string(web);
+    execl(prometheus, prometheus, cfg.c_str(), data.c_str(), addr.c_str(), nullptr);
+    _exit(127);
+  }
+  std::string answer;
+  for (int i = 0; i < 120; ++i) {  // up to 60 s: start-up plus the first scrapes
+    answer = HttpGet(web, "/api/v1/query?query=slide_steps_total");
+    if (answer.find("\"value\":[") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  EXPECT_NE(answer.find("\"__name__\":\"slide_steps_total\""), std::string::npos) << answer;
+  EXPECT_NE(answer.find(",\"12\"]"), std::string::npos) << answer;
+}
+
+// --- Load -------------------------------------------------------------------------------------------------
+
+TEST(DaemonState, FiftyWatchersAndAThousandReadsWhileAJobTrains) {
+  Daemon d;
+  const std::string id = Submit(d, Demo(d.Path("export"), 80));
+  ASSERT_FALSE(id.empty());
+  const int64_t load_from = WaitFor(
+                                d, id, [](const v1::Job& j) { return j.step() >= 15; }, 120)
+                                .step();
+  std::atomic<int> watch_errors{0}, read_errors{0}, finished_watchers{0};
+  std::vector<std::thread> watchers;
+  for (int w = 0; w < 50; ++w)
+    watchers.emplace_back([&] {
+      grpc::ClientContext c;
+      c.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+      v1::WatchJobRequest req;
+      req.set_id(id);
+      auto reader = d.stub().WatchJob(&c, req);
+      v1::JobEvent e;
+      v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+      while (reader->Read(&e))
+        if (e.kind_case() == v1::JobEvent::kState) last = e.state();
+      if (!reader->Finish().ok() || last != v1::SUCCEEDED) ++watch_errors;
+      ++finished_watchers;
+    });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&, t] {
+      for (int i = 0; i < 250; ++i) {
+        grpc::ClientContext c;
+        grpc::Status s;
+        if ((i + t) % 2 == 0) {
+          v1::GetJobRequest g;
+          g.set_id(id);
+          v1::GetJobResponse r;
+          s = d.stub().GetJob(&c, g, &r);
+        } else {
+          v1::ListJobsRequest l;
+          v1::ListJobsResponse r;
+          s = d.stub().ListJobs(&c, l, &r);
+        }
+        if (!s.ok()) ++read_errors;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // spread over ~3 s of training
+      }
+    });
+  for (auto& t : readers) t.join();
+  const int64_t reads_until = Get(d, id).step();
+  for (auto& t : watchers) t.join();
+  EXPECT_EQ(read_errors.load(), 0);
+  EXPECT_EQ(watch_errors.load(), 0);
+  EXPECT_EQ(finished_watchers.load(), 50);
+  EXPECT_EQ(Get(d, id).state(), v1::SUCCEEDED);
+  // The figure (not a timed assertion): median step time before the load and while the 1,000 reads ran.
+  std::vector<double> quiet, loaded;
+  for (const auto& e : Events(d, id)) {
+    if (!e.has_metrics() || e.metrics().step() < 3) continue;  // the first steps warm up
+    if (e.metrics().step() <= load_from) quiet.push_back(e.metrics().step_seconds());
+    if (e.metrics().step() > load_from + 1 && e.metrics().step() <= reads_until)
+      loaded.push_back(e.metrics().step_seconds());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::printf("LOAD median step %.4f s quiet (%zu steps), %.4f s under 50 watchers + 1000 reads (%zu steps): %+.1f%%\n",
+              median(quiet), quiet.size(), median(loaded), loaded.size(),
+              100.0 * (median(loaded) / median(quiet) - 1.0));
+}
+
+}  // namespace
