@@ -35,6 +35,8 @@ case "$phase" in
     for b in 8 16; do run 240 build-gpu/bench/sliding_bench llama-8b $b 1024 2 2 cuda 1.0; done
     run 200 build-gpu/bench/sliding_bench llama-8b 8 1024 2 2 cuda 0 ;;
   daemon)
+    gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
+    [ -f build-gpu/CMakeCache.txt ] || cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
     cmake --build build-gpu -j 16 --target slided daemon_tests > "$OUT/build-daemon.log" 2>&1 \
       || { grep -E 'error|Error' "$OUT/build-daemon.log" | head -30; exit 1; }
     SLIDE_TEST_DEVICE=cuda build-gpu/tests/daemon_tests \
