@@ -140,6 +140,18 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   EXPECT_GE(static_cast<int64_t>(r.steps_before.size()), before_kill - 1);
   EXPECT_TRUE(fs::exists(done.export_dir() + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(second.state_dir() + "/jobs/" + id + "/checkpoint"));  // removed after success
+
+  // Watching from a step skips the metrics of earlier steps.
+  grpc::ClientContext wc;
+  v1::WatchJobRequest from;
+  from.set_id(id);
+  from.set_from_step(38);
+  auto reader = second.stub().WatchJob(&wc, from);
+  std::vector<int64_t> steps;
+  for (v1::JobEvent e; reader->Read(&e);)
+    if (e.has_metrics()) steps.push_back(e.metrics().step());
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(steps, (std::vector<int64_t>{38, 39, 40}));
 }
 
 TEST(DaemonState, SigtermCheckpointsTheRunningJobAndTheNextStartResumesIt) {
