@@ -37,11 +37,17 @@ case "$phase" in
   daemon)
     gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
     [ -f build-gpu/CMakeCache.txt ] || cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
-    cmake --build build-gpu -j 16 --target slided daemon_tests > "$OUT/build-daemon.log" 2>&1 \
+    cmake --build build-gpu -j 16 --target slided daemon_tests make_random_model > "$OUT/build-daemon.log" 2>&1 \
       || { grep -E 'error|Error' "$OUT/build-daemon.log" | head -30; exit 1; }
     SLIDE_TEST_DEVICE=cuda build-gpu/tests/daemon_tests \
       --gtest_filter='Daemon.Demo*:DaemonState.KillDashNine*:DaemonState.Sigterm*:DaemonState.Fifty*' \
       > "$OUT/daemon_tests.log" 2>&1
-    grep -E 'LOAD|OK|FAILED|PASSED|Failure' "$OUT/daemon_tests.log" | head -30 ;;
+    grep -E 'LOAD|OK|FAILED|PASSED|Failure' "$OUT/daemon_tests.log" | head -30
+    # The load figure on a real-size job: Llama-3.2-1B shape, batch 8, seq 1024, reads spread over ~25 s.
+    build-gpu/bench/make_random_model llama-1b /tmp/llama-1b > "$OUT/make_model.log" 2>&1
+    SLIDE_TEST_DEVICE=cuda SLIDE_TEST_MODEL_DIR=/tmp/llama-1b SLIDE_TEST_BATCH=8 SLIDE_TEST_SEQ=1024 \
+      SLIDE_LOAD_PACE_MS=100 build-gpu/tests/daemon_tests --gtest_filter='DaemonState.Fifty*' \
+      > "$OUT/daemon_load_1b.log" 2>&1
+    grep -E 'LOAD|OK|FAILED|Failure' "$OUT/daemon_load_1b.log" | head ;;
 esac
-cat "$OUT/bench.jsonl" 2>/dev/null; tail -5 "$OUT/bench.err" 2>/dev/null
+cat "$OUT/bench.jsonl" 2>/dev/null; tail -5 "$OUT/bench.err" 2>/dev/null; true

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <string>
 
+#include "bench/llama_shapes.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
@@ -21,29 +22,6 @@
 using namespace slide;
 
 namespace {
-
-ModelConfig Shape(const std::string& name) {
-  auto make = [](int64_t h, int64_t ff, int64_t layers, int64_t heads, int64_t kv, bool tied) {
-    ModelConfig c;
-    c.vocab_size = 128256;
-    c.hidden_size = h;
-    c.intermediate_size = ff;
-    c.num_layers = layers;
-    c.num_heads = heads;
-    c.num_kv_heads = kv;
-    c.head_dim = h / heads;
-    c.rope_theta = 500000.0;
-    c.rms_norm_eps = 1e-5;
-    c.tie_word_embeddings = tied;
-    return c;
-  };
-  if (name == "llama-1b") return make(2048, 8192, 16, 32, 8, true);
-  if (name == "llama-3b") return make(3072, 8192, 28, 24, 8, true);
-  if (name == "llama-8b") return make(4096, 14336, 32, 32, 8, false);
-  ModelConfig t = make(256, 512, 4, 4, 2, false);
-  t.vocab_size = 1024;
-  return t;
-}
 
 double PeakRssBytes() {
   std::ifstream in("/proc/self/status");
@@ -74,7 +52,7 @@ int main(int argc, char** argv) {
   const double max_grad_norm = argc > 7 ? std::atof(argv[7]) : 1.0;
   const c10::Device device = dev == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 
-  ModelConfig cfg = Shape(shape);
+  ModelConfig cfg = bench::LlamaShape(shape);
   PlanRequest plan_request;
   plan_request.model = cfg;
   plan_request.micro_batch = batch;
@@ -85,17 +63,7 @@ int main(int argc, char** argv) {
   plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
   const MemoryPlan plan = PlanMemory(plan_request).value();
   std::fprintf(stderr, "%s", plan.ToString().c_str());
-  ModelLayout layout = BuildModelLayout(cfg);
-  ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
-  for (size_t u = 0; u < layout.units.size(); ++u)
-    for (const auto& p : layout.units[u].params) {
-      at::Tensor v = ParamView(p, init.units[u]);
-      if (p.weight_decay) {
-        v.normal_(0, 0.02);
-      } else {
-        v.fill_(1.0);  // norms (no biases in Llama)
-      }
-    }
+  ModelParams init = bench::RandomLlamaParams(cfg);
 
   TrainerOptions o;
   o.adamw = {.lr = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};

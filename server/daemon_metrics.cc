@@ -40,7 +40,9 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
   gpu_total_ = &gpu.Add({{"kind", "total"}});
   gpu_budget_->Set(static_cast<double>(gpu_budget_bytes));
   gpu_total_->Set(static_cast<double>(device_total_bytes));
-  host_resident_ = Gauge(r, "slide_host_memory_bytes", "Resident host memory of the daemon", {{"kind", "resident"}});
+  auto& host = prometheus::BuildGauge().Name("slide_host_memory_bytes").Help("Host memory of the daemon").Register(r);
+  host_resident_ = &host.Add({{"kind", "resident"}});
+  host_pinned_ = &host.Add({{"kind", "pinned"}});
   auto& jobs = prometheus::BuildGauge().Name("slide_jobs").Help("Jobs by state").Register(r);
   for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
                      JobState::kFailed, JobState::kCancelled})
@@ -70,6 +72,7 @@ void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_
   busy_update_->Increment(e.cpu_update_seconds);
   gpu_used_->Set(static_cast<double>(e.device_bytes));
   host_resident_->Set(static_cast<double>(e.host_bytes));
+  host_pinned_->Set(static_cast<double>(e.pinned_bytes));
 }
 
 void DaemonMetrics::OnJobCounts(const std::map<JobState, int>& by_state, int queued) {

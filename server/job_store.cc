@@ -23,7 +23,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingJobSpec, model_dir, data
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingStepEvent, step, total_steps, loss, lr, grad_norm,
                                                 tokens_per_second, model_tflops, step_seconds, compute_seconds,
                                                 h2d_seconds, d2h_seconds, cpu_update_seconds, bounded_by, device_bytes,
-                                                host_bytes)
+                                                host_bytes, pinned_bytes)
 
 namespace {
 

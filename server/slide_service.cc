@@ -210,6 +210,7 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           m->set_bounded_by(s.bounded_by);
           m->set_device_bytes(s.device_bytes);
           m->set_host_bytes(s.host_bytes);
+          m->set_pinned_bytes(s.pinned_bytes);
           break;
         }
       }

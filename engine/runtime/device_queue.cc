@@ -77,6 +77,7 @@ at::Tensor DeviceQueue::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   if (cuda_ && t.nbytes() > 0) {
     C10_CUDA_CHECK(cudaHostRegister(t.data_ptr(), t.nbytes(), cudaHostRegisterDefault));
     registered_.push_back(t.data_ptr());
+    pinned_bytes_ += static_cast<int64_t>(t.nbytes());
   }
 #endif
   return t;

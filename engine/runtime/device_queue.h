@@ -31,6 +31,7 @@ class DeviceQueue {
   // pinned allocator rounds each block up to a power of two), plain memory otherwise. Stays registered
   // while this queue lives.
   at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype);
+  int64_t pinned_bytes() const { return pinned_bytes_; }  // page-locked by AllocateHost so far (0 on the CPU)
 
   // Copies host `src` (pinned on CUDA) into the device buffer `dst` of `slot`, once compute has released the
   // slot's previous contents. `src` must stay unchanged until a later UseSlot(slot) compute has run.
@@ -53,6 +54,7 @@ class DeviceQueue {
   c10::Device device_;
   std::unique_ptr<Cuda> cuda_;
   std::vector<void*> registered_;
+  int64_t pinned_bytes_ = 0;
   QueueBusy cpu_busy_;
   double compute_t0_ = 0;
 };

@@ -79,7 +79,8 @@ class SlidingTrainer {
   void WaitForUpdates();  // every posted update has finished
   const ResourceBusy& last_busy() const { return busy_; }
   int64_t steps_taken() const { return step_; }
-  int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
+  int64_t slot_loads() const { return slot_loads_; }               // host->device unit copies so far
+  int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
 
  private:
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);

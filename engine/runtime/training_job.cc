@@ -293,6 +293,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         e.cpu_update_seconds = b.cpu_update;
         e.device_bytes = DeviceReservedBytes(cuda);
         e.host_bytes = ResidentHostBytes();
+        e.pinned_bytes = trainer->pinned_bytes();
         e.bounded_by = cuda ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
         cb.on_step(e);
       }

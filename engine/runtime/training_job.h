@@ -61,6 +61,7 @@ struct TrainingStepEvent {
   std::string bounded_by;
   int64_t device_bytes = 0;  // device memory reserved by the allocator (CUDA; 0 on the CPU)
   int64_t host_bytes = 0;    // resident host memory of the process
+  int64_t pinned_bytes = 0;  // page-locked host memory of the job's staging buffers (CUDA; 0 on the CPU)
 };
 
 struct TrainingCallbacks {

@@ -131,21 +131,26 @@ class Daemon {
   std::unique_ptr<v1::Slide::Stub> stub_;
 };
 
-// The bundled demo job (deploy/demo), on the CPU unless SLIDE_TEST_DEVICE names another device.
+// The bundled demo job (deploy/demo), on the CPU. For measurements on the GPU box the environment can swap in
+// a real-size job: SLIDE_TEST_DEVICE (cuda), SLIDE_TEST_MODEL_DIR (e.g. from bench/make_random_model),
+// SLIDE_TEST_BATCH, SLIDE_TEST_SEQ.
 inline v1::JobSpec DemoJobSpec(const std::string& out, int steps) {
+  auto env = [](const char* name, const std::string& fallback) {
+    const char* v = std::getenv(name);
+    return v != nullptr && v[0] != '\0' ? std::string(v) : fallback;
+  };
   v1::JobSpec s;
   s.set_name("demo");
-  s.set_model_dir(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model");
+  s.set_model_dir(env("SLIDE_TEST_MODEL_DIR", std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model"));
   s.set_dataset(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/train.jsonl");
   s.set_output_dir(out);
   s.set_steps(steps);
-  s.set_batch_size(16);
-  s.set_seq_len(32);
+  s.set_batch_size(std::stoi(env("SLIDE_TEST_BATCH", "16")));
+  s.set_seq_len(std::stoi(env("SLIDE_TEST_SEQ", "32")));
   s.set_sequence_mode("truncate");
   s.set_lr(3e-3);
   s.set_warmup_steps(2);
-  // SLIDE_TEST_DEVICE=cuda runs the same jobs on the GPU (the load figure is only meaningful there).
-  s.set_device(std::getenv("SLIDE_TEST_DEVICE") != nullptr ? std::getenv("SLIDE_TEST_DEVICE") : "cpu");
+  s.set_device(env("SLIDE_TEST_DEVICE", "cpu"));
   return s;
 }
 

@@ -339,7 +339,7 @@ TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
   const int web = FreePort();
   const pid_t pid = fork();
   if (pid == 0) {
-    std::freopen((dir / "prometheus.log").c_str(), "w", stderr);
+    if (std::freopen((dir / "prometheus.log").c_str(), "w", stderr) == nullptr) _exit(126);
     const std::string cfg = "--config.file=" + (dir / "prometheus.yml").string();
     const std::string data = "--storage.tsdb.path=" + (dir / "data").string();
     const std::string addr = "--web.listen-address=127.0.0.1:" + std::to_string(web);
@@ -368,6 +368,8 @@ TEST(DaemonState, FiftyWatchersAndAThousandReadsWhileAJobTrains) {
                                 d, id, [](const v1::Job& j) { return j.step() >= 15; }, 120)
                                 .step();
   std::atomic<int> watch_errors{0}, read_errors{0}, finished_watchers{0};
+  // 10 ms between a reader's calls spreads the 1,000 calls over ~3 s (SLIDE_LOAD_PACE_MS for longer steps).
+  const int pace_ms = std::getenv("SLIDE_LOAD_PACE_MS") != nullptr ? std::atoi(std::getenv("SLIDE_LOAD_PACE_MS")) : 10;
   std::vector<std::thread> watchers;
   for (int w = 0; w < 50; ++w)
     watchers.emplace_back([&] {
@@ -400,7 +402,7 @@ TEST(DaemonState, FiftyWatchersAndAThousandReadsWhileAJobTrains) {
           s = d.stub().ListJobs(&c, l, &r);
         }
         if (!s.ok()) ++read_errors;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // spread over ~3 s of training
+        std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));  // spread over the training
       }
     });
   for (auto& t : readers) t.join();

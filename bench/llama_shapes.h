@@ -1,0 +1,53 @@
+// Llama-3.2-1B-, 3.2-3B- and 3.1-8B-shaped model configs (vocab 128256) for benchmarks, plus a tiny one, and
+// their random initialisation (matrices N(0, 0.02), norms 1).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "engine/model/config.h"
+#include "engine/model/hf_checkpoint.h"
+#include "engine/model/param_layout.h"
+
+namespace slide::bench {
+
+inline ModelConfig LlamaShape(const std::string& name) {
+  auto make = [](int64_t h, int64_t ff, int64_t layers, int64_t heads, int64_t kv, bool tied) {
+    ModelConfig c;
+    c.vocab_size = 128256;
+    c.hidden_size = h;
+    c.intermediate_size = ff;
+    c.num_layers = layers;
+    c.num_heads = heads;
+    c.num_kv_heads = kv;
+    c.head_dim = h / heads;
+    c.rope_theta = 500000.0;
+    c.rms_norm_eps = 1e-5;
+    c.tie_word_embeddings = tied;
+    return c;
+  };
+  if (name == "llama-1b") return make(2048, 8192, 16, 32, 8, true);
+  if (name == "llama-3b") return make(3072, 8192, 28, 24, 8, true);
+  if (name == "llama-8b") return make(4096, 14336, 32, 32, 8, false);
+  ModelConfig t = make(256, 512, 4, 4, 2, false);
+  t.vocab_size = 1024;
+  return t;
+}
+
+inline ModelParams RandomLlamaParams(const ModelConfig& cfg) {
+  ModelLayout layout = BuildModelLayout(cfg);
+  ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (const auto& p : layout.units[u].params) {
+      at::Tensor v = ParamView(p, init.units[u]);
+      if (p.weight_decay) {
+        v.normal_(0, 0.02);
+      } else {
+        v.fill_(1.0);  // norms (no biases in Llama)
+      }
+    }
+  return init;
+}
+
+}  // namespace slide::bench
