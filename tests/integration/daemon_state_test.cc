@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -330,6 +331,21 @@ TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
   const std::string text = HttpGet(d.metrics_port(), "/metrics");
   EXPECT_NE(text.find("slide_steps_total 12"), std::string::npos) << text;
   EXPECT_NE(text.find("slide_jobs{state=\"SUCCEEDED\"} 1"), std::string::npos) << text;
+  // The Grafana dashboard in deploy/ queries only metrics the daemon exports.
+  std::ifstream dashboard_file(std::string(SLIDE_SOURCE_DIR) + "/deploy/grafana/slideformer.json");
+  const std::string dashboard(std::istreambuf_iterator<char>(dashboard_file), {});
+  int names = 0;
+  for (size_t at = dashboard.find("slide_"); at != std::string::npos; at = dashboard.find("slide_", at + 1)) {
+    size_t end = at;
+    while (end < dashboard.size() &&
+           (std::islower(static_cast<unsigned char>(dashboard[end])) || dashboard[end] == '_'))
+      ++end;
+    const std::string name = dashboard.substr(at, end - at);
+    ++names;
+    EXPECT_TRUE(text.find("\n" + name + " ") != std::string::npos || text.find("\n" + name + "{") != std::string::npos)
+        << "the dashboard queries " << name << ", which /metrics does not have";
+  }
+  EXPECT_GE(names, 15);
 
   const fs::path dir = d.Path("prometheus");
   fs::create_directories(dir);
