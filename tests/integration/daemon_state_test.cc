@@ -155,6 +155,29 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   EXPECT_EQ(steps, (std::vector<int64_t>{38, 39, 40}));
 }
 
+TEST(DaemonState, CancelStopsARunningJobAtAStepBoundary) {
+  Daemon d;
+  const std::string id = Submit(d, Demo(d.Path("export"), 500));
+  ASSERT_GE(WaitFor(
+                d, id, [](const v1::Job& j) { return j.step() >= 2; }, 120)
+                .step(),
+            2);
+  grpc::ClientContext c;
+  v1::CancelJobRequest req;
+  req.set_id(id);
+  v1::CancelJobResponse resp;
+  ASSERT_TRUE(d.stub().CancelJob(&c, req, &resp).ok());
+  const v1::Job done = WaitFor(
+      d, id, [](const v1::Job& j) { return j.state() == v1::CANCELLED; }, 60);
+  ASSERT_EQ(done.state(), v1::CANCELLED);
+  EXPECT_LT(done.step(), 500);
+  EXPECT_EQ(done.error(), "cancelled at step " + std::to_string(done.step()));
+  EXPECT_FALSE(fs::exists(d.Path("export") + "/model.safetensors"));
+  grpc::ClientContext again;  // idempotent
+  EXPECT_TRUE(d.stub().CancelJob(&again, req, &resp).ok());
+  EXPECT_EQ(resp.job().state(), v1::CANCELLED);
+}
+
 TEST(DaemonState, SigtermCheckpointsTheRunningJobAndTheNextStartResumesIt) {
   Daemon first;
   v1::JobSpec spec = Demo(first.Path("export"), 30);
