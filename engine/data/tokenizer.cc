@@ -150,7 +150,7 @@ struct NormalizerStep {
 
 struct PreTokenizerStep {
   enum Kind { kSplit, kByteLevel, kMetaspace } kind;
-  std::shared_ptr<Regex> regex;  // split, or byte-level with use_regex
+  std::shared_ptr<Regex> regex = nullptr;  // split, or byte-level with use_regex
   bool add_prefix_space = false;
   std::string replacement = "\xE2\x96\x81";  // metaspace "▁"
   std::string prepend_scheme = "always";
@@ -159,7 +159,7 @@ struct PreTokenizerStep {
 
 struct DecoderStep {
   enum Kind { kByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip } kind;
-  std::string a, b;
+  std::string a = {}, b = {};  // Replace: pattern and content
   std::string prepend_scheme = "always";
   size_t start = 0, stop = 0;
 };

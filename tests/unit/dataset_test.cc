@@ -49,8 +49,11 @@ TEST(Dataset, TextIsPackedIntoFullWindows) {
   for (const auto& s : ds.train) {
     EXPECT_EQ(s.input_ids.size(), 16u);
     EXPECT_EQ(s.labels.size(), 16u);
-    for (size_t t = 0; t < 16; ++t)
-      if (s.labels[t] != -100) EXPECT_EQ(s.labels[t], s.input_ids[t]);
+    for (size_t t = 0; t < 16; ++t) {
+      if (s.labels[t] != -100) {
+        EXPECT_EQ(s.labels[t], s.input_ids[t]);
+      }
+    }
     total += static_cast<int64_t>(Labeled(s).size());
   }
   EXPECT_EQ(total, ds.stats.tokens - 10);  // every token trains except each sample's BOS; padding excluded

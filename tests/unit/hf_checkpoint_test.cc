@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace fs = std::filesystem;
@@ -45,9 +46,7 @@ struct EditableModel {
   }
 };
 
-void ExpectContains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
-}
+using testing::ExpectContains;
 
 TEST(HfCheckpoint, LoadsEveryFixtureWithItsValues) {
   for (const auto& name : testing::FixtureArchitectures()) {

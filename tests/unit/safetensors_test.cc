@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <fstream>
 
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -29,9 +30,7 @@ std::string OpenError(const std::string& path) {
   return r.ok() ? "" : r.status().message();
 }
 
-void ExpectContains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
-}
+using testing::ExpectContains;
 
 TEST(Safetensors, RoundTripKeepsDtypeShapeAndValues) {
   TempDir dir;
