@@ -6,6 +6,7 @@
 #   bench/run_gpu.sh sweep   1B and 3B: batch sweep with exact clipping, and 3B without clipping
 #   bench/run_gpu.sh large   8B at batch 8 and 16
 #   bench/run_gpu.sh daemon  slided on the GPU: kill -9 / SIGTERM resume and the 50-watcher load figure
+#   bench/run_gpu.sh extra   3B window (prefetch depth) 1 and 4; checkpoint cost of a 1B job through slided
 set -uo pipefail
 phase=${1:-build}
 OUT=${OUT:-$PWD/gpu-out}
@@ -49,5 +50,23 @@ case "$phase" in
       SLIDE_LOAD_PACE_MS=100 build-gpu/tests/daemon_tests --gtest_filter='DaemonState.Fifty*' \
       > "$OUT/daemon_load_1b.log" 2>&1
     grep -E 'LOAD|OK|FAILED|Failure' "$OUT/daemon_load_1b.log" | head ;;
+  extra)
+    gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
+    [ -f build-gpu/CMakeCache.txt ] || cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
+    cmake --build build-gpu -j 16 --target slided slidectl sliding_bench make_random_model > "$OUT/build-extra.log" 2>&1 \
+      || { grep -E 'error|Error' "$OUT/build-extra.log" | head -30; exit 1; }
+    for w in 1 4; do run 150 build-gpu/bench/sliding_bench llama-3b 8 1024 3 $w cuda 1.0; done
+    build-gpu/bench/make_random_model llama-1b /tmp/llama-1b > "$OUT/make_model.log" 2>&1
+    rm -rf /tmp/slide-state /tmp/slide-out /tmp/slided.port
+    build-gpu/server/slided --listen 127.0.0.1:0 --port-file /tmp/slided.port --metrics-listen off \
+      --state-dir /tmp/slide-state 2> "$OUT/slided.log" &
+    slided_pid=$!
+    for _ in $(seq 100); do [ -s /tmp/slided.port ] && break; sleep 0.1; done
+    addr="127.0.0.1:$(cat /tmp/slided.port)"
+    printf 'model_dir: /tmp/llama-1b\ndataset: %s/deploy/demo/train.jsonl\noutput_dir: /tmp/slide-out\nsteps: 12\nbatch_size: 8\nseq_len: 1024\nsequence_mode: truncate\nlr: 0.00001\ndevice: cuda\ncheckpoint_every: 5\n' "$PWD" > /tmp/ckpt-job.yaml
+    build-gpu/client/slidectl --addr "$addr" submit /tmp/ckpt-job.yaml --follow > "$OUT/ckpt_follow.log" 2>&1
+    build-gpu/client/slidectl --addr "$addr" logs job-000001 > "$OUT/ckpt_logs.log" 2>&1
+    grep -E 'checkpoint at|SUCCEEDED|FAILED' "$OUT/ckpt_logs.log" "$OUT/ckpt_follow.log" | head
+    kill -TERM "$slided_pid"; wait "$slided_pid" ;;
 esac
 cat "$OUT/bench.jsonl" 2>/dev/null; tail -5 "$OUT/bench.err" 2>/dev/null; true

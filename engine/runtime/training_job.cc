@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -258,8 +259,15 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
       info.order_index = order.position().index;
       info.loss = result.final_loss;
       info.fingerprint = fingerprint;
+      const auto t0 = std::chrono::steady_clock::now();
       SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec.checkpoint_dir, info, *trainer));
-      log("checkpoint at step " + std::to_string(steps_done));
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
+      const double gb = 12.0 * static_cast<double>(cfg.TotalParamCount()) / 1e9;
+      char line[160];
+      std::snprintf(line, sizeof(line), "checkpoint at step %lld: %.2f GB in %.2f s (%.2f GB/s)",
+                    static_cast<long long>(steps_done), gb, secs, secs > 0 ? gb / secs : 0.0);
+      log(line);
       return Status::Ok();
     };
     for (int64_t step = first_step; step < total; ++step) {
