@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/job_file.h"
@@ -24,8 +27,11 @@ constexpr int kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3;
 
 const char* kUsageText = R"(usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json] COMMAND [ARGS]
 commands:
-  submit FILE.yaml [--follow]   submit a job (fields of slide.v1.JobSpec); --follow watches it to the end
-  watch ID                      follow a job: progress, then a summary (Ctrl-C detaches, the job goes on)
+  submit FILE.yaml [--follow] [--cancel-on-interrupt]
+                                submit a job (fields of slide.v1.JobSpec); --follow watches it to the end
+  watch ID [--from-step N] [--cancel-on-interrupt]
+                                follow a job: progress, then a summary. Ctrl-C detaches and the job goes on;
+                                with --cancel-on-interrupt it cancels the job first
   logs ID                       print a job's log lines
   list [--state STATE]          list jobs (QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
   get ID                        show one job
@@ -80,12 +86,51 @@ void PrintJob(const v1::Job& j) {
   std::printf("\n");
 }
 
+// With --cancel-on-interrupt, SIGINT is blocked in every thread and taken here: cancel the job; the watch then
+// streams on to the job's end (CANCELLED at its next step boundary) and reports it.
+class InterruptCancels {
+ public:
+  InterruptCancels(v1::Slide::Stub& stub, const Options& o, const std::string& id) {
+    thread_ = std::thread([&stub, o, id, this] {
+      int sig = 0;
+      sigwait(&signals_, &sig);
+      if (done_) return;
+      std::fprintf(stderr, "\nslidectl: interrupted, cancelling %s\n", id.c_str());
+      grpc::ClientContext c;
+      Prepare(c, o, 10);
+      v1::CancelJobRequest r;
+      r.set_id(id);
+      v1::CancelJobResponse resp;
+      (void)stub.CancelJob(&c, r, &resp);  // the watch then sees the job end CANCELLED
+    });
+  }
+  ~InterruptCancels() {
+    done_ = true;
+    pthread_kill(thread_.native_handle(), SIGINT);  // wakes sigwait when no interrupt came
+    thread_.join();
+  }
+  static void BlockSigint() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+  }
+
+ private:
+  static inline sigset_t signals_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 // Streams a job's events. On a terminal one progress line is redrawn; otherwise one line per step.
-int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool logs_only) {
+int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool logs_only, int64_t from_step = 0,
+          bool cancel_on_interrupt = false) {
   grpc::ClientContext ctx;
   Prepare(ctx, o, 0);
   v1::WatchJobRequest req;
   req.set_id(id);
+  req.set_from_step(from_step);
+  std::unique_ptr<InterruptCancels> interrupt;
+  if (cancel_on_interrupt) interrupt = std::make_unique<InterruptCancels>(stub, o, id);
   auto reader = stub.WatchJob(&ctx, req);
   const bool tty = isatty(fileno(stdout)) && !o.json;
   v1::JobEvent e;
@@ -123,6 +168,7 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
     }
   }
   grpc::Status s = reader->Finish();
+  interrupt.reset();
   if (!s.ok()) return RpcError(s);
   if (tty) std::printf("\n");
   if (!o.json && !logs_only)
@@ -180,6 +226,9 @@ int main(int argc, char** argv) {
     return kOk;
   }
   auto need = [&](size_t n) { return args.size() >= n; };
+  const bool cancel_on_interrupt = std::find(args.begin(), args.end(), "--cancel-on-interrupt") != args.end();
+  // Before any gRPC thread exists, so that only the watcher's sigwait sees Ctrl-C.
+  if (cancel_on_interrupt) InterruptCancels::BlockSigint();
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!o.tls_ca.empty()) {
     std::ifstream in(o.tls_ca);
@@ -203,11 +252,21 @@ int main(int argc, char** argv) {
     const bool follow = std::find(args.begin(), args.end(), "--follow") != args.end();
     if (o.json && !follow) std::printf("%s\n", Json(resp.job()).c_str());
     if (!o.json) std::printf("submitted %s\n", resp.job().id().c_str());
-    return follow ? Watch(*stub, o, resp.job().id(), false) : kOk;
+    return follow ? Watch(*stub, o, resp.job().id(), false, 0, cancel_on_interrupt) : kOk;
   }
   if (cmd == "watch" || cmd == "logs") {
     if (!need(2)) return Fail(kUsage, cmd + " needs a job id");
-    return Watch(*stub, o, args[1], cmd == "logs");
+    int64_t from_step = 0;
+    for (size_t i = 2; i < args.size(); ++i)
+      if (args[i] == "--from-step") {
+        if (i + 1 >= args.size()) return Fail(kUsage, "--from-step needs a step number");
+        try {
+          from_step = std::stoll(args[i + 1]);
+        } catch (const std::exception&) {
+          return Fail(kUsage, "--from-step needs a step number, got '" + args[i + 1] + "'");
+        }
+      }
+    return Watch(*stub, o, args[1], cmd == "logs", from_step, cancel_on_interrupt);
   }
   if (cmd == "get" || cmd == "cancel") {
     if (!need(2)) return Fail(kUsage, cmd + " needs a job id");

@@ -1,7 +1,9 @@
 // The real slidectl binary against a real slided: submit + follow to success, list/get/cancel, JSON output
 // parsed back, exit codes for failures, bad files and an unreachable daemon.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -212,6 +214,44 @@ TEST(Slidectl, CtrlCDetachesWithoutCancelling) {
   }
   std::system(("tmux kill-session -t " + session).c_str());
   EXPECT_FALSE(id.empty()) << "the job did not run to success after the client detached";
+}
+
+// --cancel-on-interrupt: Ctrl-C cancels the job first (exit 1, the job CANCELLED); --from-step skips earlier
+// steps' progress.
+TEST(Slidectl, InterruptCancelsWhenAskedAndWatchFromAStep) {
+  Daemon d;
+  const std::string addr = "127.0.0.1:" + std::to_string(d.port());
+  const std::string out = d.Path("follow.out");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (std::freopen(out.c_str(), "w", stdout) == nullptr) _exit(126);
+    execl(SLIDECTL_PATH, SLIDECTL_PATH, "--addr", addr.c_str(), "submit", WriteJob(d, "interrupt", 500).c_str(),
+          "--follow", "--cancel-on-interrupt", nullptr);
+    _exit(127);
+  }
+  std::string id;
+  for (int i = 0; i < 600 && id.empty(); ++i) {  // until the job has made a few steps
+    CliResult r = Slidectl("--addr " + addr + " --json list");
+    auto jobs = nlohmann::json::parse(r.out)["jobs"];
+    if (!jobs.empty() && jobs[0].contains("step") && std::stoll(jobs[0]["step"].get<std::string>()) >= 3)
+      id = jobs[0]["id"];
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(id.empty());
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);  // the job was cancelled
+  CliResult r = Slidectl("--addr " + addr + " --json get " + id);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "CANCELLED") << r.out;
+  const int64_t last = std::stoll(nlohmann::json::parse(r.out)["step"].get<std::string>());
+
+  r = Slidectl("--addr " + addr + " watch " + id + " --from-step " + std::to_string(last));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("step " + std::to_string(last) + "/500"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1/500"), std::string::npos) << r.out;
+  EXPECT_EQ(Slidectl("--addr " + addr + " watch " + id + " --from-step x").code, 2);
 }
 
 }  // namespace
