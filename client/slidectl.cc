@@ -95,18 +95,20 @@ class InterruptCancels {
       int sig = 0;
       sigwait(&signals_, &sig);
       if (done_) return;
-      std::fprintf(stderr, "\nslidectl: interrupted, cancelling %s\n", id.c_str());
+      std::fprintf(stderr, "\nslidectl: interrupted, cancelling %s (Ctrl-C again to stop waiting)\n", id.c_str());
       grpc::ClientContext c;
       Prepare(c, o, 10);
       v1::CancelJobRequest r;
       r.set_id(id);
       v1::CancelJobResponse resp;
       (void)stub.CancelJob(&c, r, &resp);  // the watch then sees the job end CANCELLED
+      sigwait(&signals_, &sig);            // a second Ctrl-C, or the destructor's wake-up
+      if (!done_) std::_Exit(130);
     });
   }
   ~InterruptCancels() {
     done_ = true;
-    pthread_kill(thread_.native_handle(), SIGINT);  // wakes sigwait when no interrupt came
+    pthread_kill(thread_.native_handle(), SIGINT);  // wakes whichever sigwait the thread is in
     thread_.join();
   }
   static void BlockSigint() {
@@ -227,8 +229,10 @@ int main(int argc, char** argv) {
   }
   auto need = [&](size_t n) { return args.size() >= n; };
   const bool cancel_on_interrupt = std::find(args.begin(), args.end(), "--cancel-on-interrupt") != args.end();
+  const bool watches =
+      cmd == "watch" || (cmd == "submit" && std::find(args.begin(), args.end(), "--follow") != args.end());
   // Before any gRPC thread exists, so that only the watcher's sigwait sees Ctrl-C.
-  if (cancel_on_interrupt) InterruptCancels::BlockSigint();
+  if (cancel_on_interrupt && watches) InterruptCancels::BlockSigint();
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!o.tls_ca.empty()) {
     std::ifstream in(o.tls_ca);

@@ -74,7 +74,8 @@ Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull()) return Status::Ok();  // an empty file
   if (!root.IsMap()) return InvalidArgument(Where(file, root, "") + "the config must be a mapping of sections");
   for (auto sec = root.begin(); sec != root.end(); ++sec) {
-    const std::string section = sec->first.as<std::string>();
+    if (!sec->first.IsScalar()) return InvalidArgument(Where(file, sec->first, "") + "a section name must be text");
+    const std::string section = sec->first.Scalar();
     auto s = Schema().find(section);
     if (s == Schema().end())
       return InvalidArgument(Where(file, sec->first, section) +
@@ -82,7 +83,8 @@ Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
     if (sec->second.IsNull()) continue;
     if (!sec->second.IsMap()) return InvalidArgument(Where(file, sec->second, section) + ": must be a mapping");
     for (auto kv = sec->second.begin(); kv != sec->second.end(); ++kv) {
-      const std::string key = kv->first.as<std::string>(), path = section + "." + key;
+      if (!kv->first.IsScalar()) return InvalidArgument(Where(file, kv->first, section) + ": a key must be text");
+      const std::string key = kv->first.Scalar(), path = section + "." + key;
       auto f = s->second.find(key);
       if (f == s->second.end()) return InvalidArgument(Where(file, kv->first, path) + ": unknown key");
       try {

@@ -12,6 +12,36 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+// Messages can quote bytes from users' files; gRPC strings and the JSON store need valid UTF-8, so invalid
+// sequences become U+FFFD here, once, and memory, disk and clients all hold the same text.
+std::string ValidUtf8(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  size_t i = 0;
+  while (i < in.size()) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= in.size() && !(len == 2 && c < 0xC2);
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(in[i + k]) & 0xC0) == 0x80;
+    if (ok && len == 3) {
+      const unsigned c1 = static_cast<unsigned char>(in[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
+    }
+    if (ok && len == 4) {
+      const unsigned c1 = static_cast<unsigned char>(in[i + 1]);
+      ok = c <= 0xF4 && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(in, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* JobStateName(JobState s) {
@@ -53,6 +83,8 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
       order_.push_back(id);
       jobs_[id] = std::move(job);
     }
+    // Ids of unreadable job directories are not reused either.
+    next_id_ = std::max<int64_t>(next_id_, options_.store->HighestJobNumber() + 1);
     if (problems != nullptr) *problems = std::move(bad);
     PublishCounts();
   }
@@ -86,6 +118,7 @@ void JobManager::Persist(const Job& job, bool durable) {
 
 void JobManager::AddEvent(Job& job, JobEventRecord e) {
   e.seq = job.next_seq++;
+  e.log = ValidUtf8(e.log);
   if (options_.store != nullptr) {
     Status st = options_.store->AppendEvent(job.record.id, e);
     if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
@@ -244,15 +277,15 @@ void JobManager::EngineLoop() {
       AddEvent(*job, e);
       SetState(*job, JobState::kQueued);
     } else if (result.ok()) {
-      if (!job->record.spec.checkpoint_dir.empty()) (void)RemoveTree(job->record.spec.checkpoint_dir);
       job->record.eval_loss = result->eval_loss;
       job->record.export_dir = result->export_dir;
-      SetState(*job, JobState::kSucceeded);
+      SetState(*job, JobState::kSucceeded);  // durable first: a crash now must not train the job again
+      if (!job->record.spec.checkpoint_dir.empty()) (void)RemoveTree(job->record.spec.checkpoint_dir);
     } else if (result.status().code() == StatusCode::kCancelled) {
-      job->record.error = result.status().message();
+      job->record.error = ValidUtf8(result.status().message());
       SetState(*job, JobState::kCancelled);
     } else {
-      job->record.error = result.status().ToString();
+      job->record.error = ValidUtf8(result.status().ToString());
       JobEventRecord e;
       e.log = "error: " + job->record.error;
       AddEvent(*job, e);

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/common/files.h"
@@ -20,10 +22,60 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingJobSpec, model_dir, data
                                                 dataset_format, chat_template, sequence_mode, bad_lines, eval_fraction,
                                                 device, compute_dtype, gpu_budget_bytes, window, activation_placement,
                                                 log_every, checkpoint_dir, checkpoint_every)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingStepEvent, step, total_steps, loss, lr, grad_norm,
-                                                tokens_per_second, model_tflops, step_seconds, compute_seconds,
-                                                h2d_seconds, d2h_seconds, cpu_update_seconds, bounded_by, device_bytes,
-                                                host_bytes, pinned_bytes)
+
+namespace {
+
+// nlohmann writes NaN and infinities as null (a diverged job's loss): read null back as NaN.
+double Number(const nlohmann::json& j, const char* key, double fallback) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+}
+
+// Text from the outside world (error messages quoting file bytes) may not be valid UTF-8: replace, never throw.
+std::string Dump(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void to_json(nlohmann::json& j, const TrainingStepEvent& e) {
+  j = {{"step", e.step},
+       {"total_steps", e.total_steps},
+       {"loss", e.loss},
+       {"lr", e.lr},
+       {"grad_norm", e.grad_norm},
+       {"tokens_per_second", e.tokens_per_second},
+       {"model_tflops", e.model_tflops},
+       {"step_seconds", e.step_seconds},
+       {"compute_seconds", e.compute_seconds},
+       {"h2d_seconds", e.h2d_seconds},
+       {"d2h_seconds", e.d2h_seconds},
+       {"cpu_update_seconds", e.cpu_update_seconds},
+       {"bounded_by", e.bounded_by},
+       {"device_bytes", e.device_bytes},
+       {"host_bytes", e.host_bytes},
+       {"pinned_bytes", e.pinned_bytes}};
+}
+
+void from_json(const nlohmann::json& j, TrainingStepEvent& e) {
+  e.step = j.value("step", int64_t{0});
+  e.total_steps = j.value("total_steps", int64_t{0});
+  e.loss = Number(j, "loss", 0);
+  e.lr = Number(j, "lr", 0);
+  e.grad_norm = Number(j, "grad_norm", 0);
+  e.tokens_per_second = Number(j, "tokens_per_second", 0);
+  e.model_tflops = Number(j, "model_tflops", 0);
+  e.step_seconds = Number(j, "step_seconds", 0);
+  e.compute_seconds = Number(j, "compute_seconds", 0);
+  e.h2d_seconds = Number(j, "h2d_seconds", 0);
+  e.d2h_seconds = Number(j, "d2h_seconds", 0);
+  e.cpu_update_seconds = Number(j, "cpu_update_seconds", 0);
+  e.bounded_by = j.value("bounded_by", "");
+  e.device_bytes = j.value("device_bytes", int64_t{0});
+  e.host_bytes = j.value("host_bytes", int64_t{0});
+  e.pinned_bytes = j.value("pinned_bytes", int64_t{0});
+}
 
 namespace {
 
@@ -57,8 +109,8 @@ StatusOr<JobRecord> RecordFromJson(const nlohmann::json& j) {
   SLIDE_ASSIGN_OR_RETURN(r.state, StateFromName(j.at("state").get<std::string>()));
   r.step = j.value("step", int64_t{0});
   r.total_steps = j.value("total_steps", int64_t{0});
-  r.loss = j.value("loss", 0.0);
-  r.eval_loss = j.value("eval_loss", -1.0);
+  r.loss = Number(j, "loss", 0.0);
+  r.eval_loss = Number(j, "eval_loss", -1.0);
   r.error = j.value("error", "");
   r.export_dir = j.value("export_dir", "");
   r.created_unix_ms = j.value("created_unix_ms", int64_t{0});
@@ -108,12 +160,13 @@ Status JobStore::Init() {
 
 Status JobStore::SaveRecord(const JobRecord& record, bool durable) {
   SLIDE_RETURN_IF_ERROR(MakeDirs(JobDir(record.id)));
-  return WriteFileAtomic(JobDir(record.id) + "/record.json", RecordToJson(record).dump(2) + "\n", durable);
+  // Dump replaces invalid UTF-8 and cannot throw on content; nothing else here throws.
+  return WriteFileAtomic(JobDir(record.id) + "/record.json", Dump(RecordToJson(record), 2) + "\n", durable);
 }
 
 Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event) {
   const std::string path = JobDir(id) + "/events.jsonl";
-  const std::string line = EventToJson(event).dump() + "\n";
+  const std::string line = Dump(EventToJson(event), -1) + "\n";
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return FailedPrecondition("cannot append to '" + path + "': " + std::strerror(errno));
   // One write of the whole line: a killed process leaves at most the last line torn.
@@ -121,6 +174,28 @@ Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event)
   ::close(fd);
   if (n != static_cast<ssize_t>(line.size())) return FailedPrecondition("cannot append to '" + path + "'");
   return Status::Ok();
+}
+
+// kill -9 during an append can leave the last line without its newline: cut it off, so the next append does not
+// continue it.
+void JobStore::TrimTornLastLine(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok() || text.value().empty() || text.value().back() == '\n') return;
+  const size_t keep = text.value().find_last_of('\n');
+  if (::truncate(path.c_str(), keep == std::string::npos ? 0 : static_cast<off_t>(keep + 1)) != 0)
+    std::fprintf(stderr, "slided: cannot trim '%s': %s\n", path.c_str(), std::strerror(errno));
+}
+
+int64_t JobStore::HighestJobNumber() const {
+  int64_t highest = 0;
+  if (DIR* d = ::opendir((dir_ + "/jobs").c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      long long n = 0;
+      if (std::sscanf(e->d_name, "job-%lld", &n) == 1) highest = std::max<int64_t>(highest, n);
+    }
+    ::closedir(d);
+  }
+  return highest;
 }
 
 std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::string>* problems) const {
@@ -158,7 +233,9 @@ std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::str
       continue;
     }
     std::deque<JobEventRecord> tail;
-    std::ifstream events(JobDir(id) + "/events.jsonl");
+    const std::string events_path = JobDir(id) + "/events.jsonl";
+    TrimTornLastLine(events_path);
+    std::ifstream events(events_path);
     std::string line;
     int64_t line_no = 0;
     while (std::getline(events, line)) {
@@ -168,9 +245,8 @@ std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::str
         if (!e.ok()) throw std::runtime_error(e.status().message());
         tail.push_back(std::move(e).value());
         if (tail.size() > max_events) tail.pop_front();
-      } catch (const std::exception& e) {  // a torn last line after kill -9; anything else is reported
-        if (events.peek() != EOF)
-          problems->push_back(JobDir(id) + "/events.jsonl:" + std::to_string(line_no) + ": " + e.what());
+      } catch (const std::exception& e) {  // a torn last line was trimmed above: this one is damaged
+        problems->push_back(events_path + ":" + std::to_string(line_no) + ": " + e.what());
       }
     }
     job.events.assign(tail.begin(), tail.end());

@@ -31,11 +31,14 @@ class JobStore {
 
   // Every job in the directory, sorted by id; `problems` gets one line per file that could not be read.
   std::vector<StoredJob> LoadAll(size_t max_events, std::vector<std::string>* problems) const;
+  // The largest N of the jobs/job-N directories, readable or not: new ids never reuse one.
+  int64_t HighestJobNumber() const;
 
   const std::string& dir() const { return dir_; }
 
  private:
   std::string JobDir(const std::string& id) const { return dir_ + "/jobs/" + id; }
+  static void TrimTornLastLine(const std::string& path);
   std::string dir_;
 };
 

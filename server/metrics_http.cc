@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -53,8 +54,7 @@ void MetricsHttpServer::Serve() {
     if (::poll(&p, 1, 200) <= 0) continue;  // wakes up to notice stop_
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    timeval timeout{2, 0};  // a stalled client cannot hold the endpoint
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    timeval timeout{2, 0};  // per send; the request as a whole has its own deadline in Answer
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
     Answer(fd);
     ::close(fd);
@@ -64,7 +64,13 @@ void MetricsHttpServer::Serve() {
 void MetricsHttpServer::Answer(int fd) {
   std::string request;
   char buf[2048];
+  // A client has 2 s in all to send its request: a slow one cannot hold the endpoint or delay shutdown.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (stop_ || left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return;
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return;
     request.append(buf, static_cast<size_t>(n));

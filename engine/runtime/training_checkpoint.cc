@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -32,6 +33,9 @@ ModelParams* StateOf(const SlidingTrainer::OptimizerState& s, int kind) {
 Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer) {
   SLIDE_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string name = StepDirName(info.step), step_dir = dir + "/" + name;
+  // The checkpoint LATEST names is never touched: the same step again is the same state.
+  auto latest = ReadFileToString(dir + "/LATEST");
+  if (latest.ok() && latest.value().substr(0, latest.value().find('\n')) == name) return Status::Ok();
   SLIDE_RETURN_IF_ERROR(RemoveTree(step_dir));  // a torn attempt at the same step
   SLIDE_RETURN_IF_ERROR(MakeDirs(step_dir));
   SlidingTrainer::OptimizerState state = trainer.MutableState();
@@ -48,7 +52,8 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
                       {"order", {{"epoch", info.order_epoch}, {"index", info.order_index}}},
                       {"loss", info.loss},
                       {"fingerprint", info.fingerprint}};
-  SLIDE_RETURN_IF_ERROR(WriteFileAtomic(step_dir + "/state.json", j.dump(2) + "\n"));
+  SLIDE_RETURN_IF_ERROR(WriteFileAtomic(step_dir + "/state.json",
+                                        j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   SLIDE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/LATEST", name + "\n"));
   // Older step directories are no longer referenced.
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -83,7 +88,7 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
     info.total_steps = j.at("total_steps").get<int64_t>();
     info.order_epoch = j.at("order").at("epoch").get<int64_t>();
     info.order_index = j.at("order").at("index").get<int64_t>();
-    info.loss = j.at("loss").get<double>();
+    info.loss = j.at("loss").is_null() ? std::nan("") : j.at("loss").get<double>();  // NaN is written as null
     info.fingerprint = j.at("fingerprint").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     return DataLoss("checkpoint '" + state_path + "' is corrupt: " + e.what());

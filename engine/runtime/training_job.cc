@@ -151,6 +151,13 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                               "must divide batch_size (" + std::to_string(s.batch_size) + ")"));
   SLIDE_RETURN_IF_ERROR(Field(s.seq_len >= 2 && s.seq_len <= (1 << 20), "seq_len", "must be in [2, 1048576]"));
   SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lr) && s.lr > 0 && s.lr < 1, "lr", "must be in (0, 1)"));
+  for (const auto& [name, value] : {std::pair<const char*, double>{"weight_decay", s.weight_decay},
+                                    {"max_grad_norm", s.max_grad_norm},
+                                    {"adam_beta1", s.adam_beta1},
+                                    {"adam_beta2", s.adam_beta2},
+                                    {"adam_eps", s.adam_eps},
+                                    {"eval_fraction", s.eval_fraction}})
+    SLIDE_RETURN_IF_ERROR(Field(std::isfinite(value), name, "must be a finite number"));
   SLIDE_RETURN_IF_ERROR(ParseLrScheduleKind(s.lr_schedule).status().WithContext("job field 'lr_schedule'"));
   SLIDE_RETURN_IF_ERROR(Field(s.warmup_steps >= 0, "warmup_steps", "must be >= 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.weight_decay >= 0 && s.weight_decay < 1, "weight_decay", "must be in [0, 1)"));
@@ -251,6 +258,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         log("resumed from the checkpoint at step " + std::to_string(first_step));
       }
     }
+    int64_t last_checkpoint = first_step;  // the newest step on disk (or the start)
     auto checkpoint = [&](int64_t steps_done) -> Status {
       CheckpointInfo info;
       info.step = steps_done;
@@ -261,6 +269,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
       info.fingerprint = fingerprint;
       const auto t0 = std::chrono::steady_clock::now();
       SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec.checkpoint_dir, info, *trainer));
+      last_checkpoint = steps_done;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
       const double gb = 12.0 * static_cast<double>(cfg.TotalParamCount()) / 1e9;
@@ -274,7 +283,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
       if (cancel != nullptr && cancel->load())
         return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
       if (suspend != nullptr && suspend->load()) {
-        if (!spec.checkpoint_dir.empty() && step > first_step) SLIDE_RETURN_IF_ERROR(checkpoint(step));
+        if (!spec.checkpoint_dir.empty() && step > last_checkpoint) SLIDE_RETURN_IF_ERROR(checkpoint(step));
         result.suspended = true;
         return result;
       }

@@ -74,7 +74,8 @@ std::vector<v1::JobEvent> Events(Daemon& d, const std::string& id) {
   std::vector<v1::JobEvent> out;
   v1::JobEvent e;
   while (reader->Read(&e)) out.push_back(e);
-  EXPECT_TRUE(reader->Finish().ok());
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
   return out;
 }
 
@@ -231,6 +232,51 @@ TEST(DaemonState, CorruptCheckpointFailsOnlyItsJob) {
             v1::SUCCEEDED);
 }
 
+// Bad bytes in a job's files fail that job without taking the daemon down, and its error (quoting them) is
+// stored and read back. An unreadable record is skipped at start and its id is not reused; a torn last event
+// line (kill -9 mid-append) is cut off so later appends stay readable.
+TEST(DaemonState, DamagedFilesNeverTakeTheDaemonDown) {
+  Daemon first;
+  const fs::path model = first.Path("model");
+  fs::copy(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model", model);
+  { std::ofstream(model / "tokenizer.json", std::ios::trunc) << "{\"model\": \xff\xfe broken"; }
+  v1::JobSpec bad = Demo(first.Path("export-bad"), 3);
+  bad.set_model_dir(model.string());
+  const std::string bad_id = Submit(first, bad);
+  const v1::Job failed = WaitFor(
+      first, bad_id, [](const v1::Job& j) { return j.state() == v1::FAILED; }, 60);
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_NE(failed.error().find("tokenizer.json"), std::string::npos) << failed.error();
+  EXPECT_EQ(Health(first), grpc::health::v1::HealthCheckResponse::SERVING);
+  const std::string good_id = Submit(first, Demo(first.Path("export"), 3));
+  ASSERT_EQ(WaitFor(
+                first, good_id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 60)
+                .state(),
+            v1::SUCCEEDED);
+  EXPECT_EQ(first.Terminate(30), 0);
+
+  const std::string jobs = first.state_dir() + "/jobs/";
+  std::ofstream(jobs + good_id + "/record.json", std::ios::trunc) << "{";                 // unreadable
+  std::ofstream(jobs + bad_id + "/events.jsonl", std::ios::app) << "{\"seq\": 99, \"lo";  // torn
+  {
+    Daemon second(DaemonOptions{.state_dir = first.state_dir()});
+    ASSERT_GT(second.port(), 0) << second.Log();
+    EXPECT_NE(second.Log().find("skipped unreadable job state: " + jobs + good_id + "/record.json"), std::string::npos)
+        << second.Log();
+    EXPECT_EQ(second.Log().find("events.jsonl"), std::string::npos) << second.Log();
+    EXPECT_EQ(Get(second, bad_id).state(), v1::FAILED);
+    EXPECT_EQ(Get(second, bad_id).error(), failed.error());  // the bad byte is U+FFFD in both
+    const std::string next = Submit(second, Demo(second.Path("export"), 2));
+    EXPECT_NE(next, good_id);  // the unreadable job's id stays its own
+    EXPECT_GT(next, good_id);
+    EXPECT_EQ(second.Terminate(30), 0);
+  }
+  Daemon third(DaemonOptions{.state_dir = first.state_dir()});  // the appends after the trim read back cleanly
+  ASSERT_GT(third.port(), 0) << third.Log();
+  EXPECT_EQ(third.Log().find("events.jsonl"), std::string::npos) << third.Log();
+  EXPECT_FALSE(Events(third, bad_id).empty());
+}
+
 TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
   const fs::path root = fs::temp_directory_path() / ("slided-roots-" + std::to_string(getpid()));
   fs::create_directories(root / "jobs");
@@ -276,6 +322,12 @@ TEST(DaemonState, BadConfigAndMissingTokenStopTheStartWithTheField) {
   Daemon b(DaemonOptions{.extra_args = {"--config", wrong_type}, .wait_for_port = false});
   EXPECT_EQ(b.WaitExit(20), 2);
   EXPECT_NE(b.Log().find("jobs.checkpoint_every: wrong type"), std::string::npos) << b.Log();
+
+  const std::string odd_key = (dir / "key.yaml").string();
+  std::ofstream(odd_key) << "server:\n  [a]: 1\n";
+  Daemon k(DaemonOptions{.extra_args = {"--config", odd_key}, .wait_for_port = false});
+  EXPECT_EQ(k.WaitExit(20), 2);
+  EXPECT_NE(k.Log().find(odd_key + ":2:3: server: a key must be text"), std::string::npos) << k.Log();
 
   Daemon c(DaemonOptions{.extra_args = {"--listen", "0.0.0.0:0"}, .wait_for_port = false});
   EXPECT_EQ(c.WaitExit(20), 2);

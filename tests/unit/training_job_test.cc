@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "tests/support/fixtures.h"
 
@@ -94,6 +96,9 @@ TEST(TrainingJob, BadSpecsNameTheField) {
          "job field 'lr_schedule': unknown learning-rate schedule 'exp'");
   expect([](TrainingJobSpec& s) { s.device = "tpu"; }, "job field 'device' must be auto, cpu or cuda, got 'tpu'");
   expect([](TrainingJobSpec& s) { s.chat_template = "alpaca"; }, "unknown chat template 'alpaca'");
+  expect([](TrainingJobSpec& s) { s.max_grad_norm = std::numeric_limits<double>::infinity(); },
+         "job field 'max_grad_norm' must be a finite number");
+  expect([](TrainingJobSpec& s) { s.adam_eps = std::nan(""); }, "job field 'adam_eps' must be a finite number");
 }
 
 TEST(TrainingJob, BadPathsAndDataFailTheJob) {
@@ -169,6 +174,25 @@ TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
     EXPECT_EQ(second[i].first, int64_t(6 + i));
     EXPECT_EQ(second[i].second, straight[5 + i]) << "step " << second[i].first;  // bit-identical
   }
+}
+
+// Suspending right after a periodic checkpoint keeps that checkpoint: the step is not written twice (a second
+// write would first remove the directory LATEST names).
+TEST(TrainingJob, SuspendRightAfterACheckpointDoesNotRewriteIt) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 8;
+  spec.checkpoint_dir = out.File("ckpt");
+  spec.checkpoint_every = 2;
+  std::atomic<bool> suspend{false};
+  int writes_at_4 = 0;
+  TrainingCallbacks cb{[&](const std::string& m) { writes_at_4 += m.rfind("checkpoint at step 4:", 0) == 0; },
+                       [&](const TrainingStepEvent& e) { suspend = e.step == 4; }};
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend));
+  EXPECT_TRUE(r.suspended);
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_EQ(writes_at_4, 1);
+  EXPECT_TRUE(std::filesystem::exists(out.File("ckpt/step-00000004/optimizer.safetensors")));
 }
 
 TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
