@@ -6,12 +6,10 @@
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "bench/llama_shapes.h"
@@ -21,22 +19,7 @@
 
 using namespace slide;
 
-namespace {
-
-double PeakRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmHWM:") {
-      double kb;
-      in >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -101,8 +84,7 @@ int main(int argc, char** argv) {
   // attention: 2 matmuls (QK^T, PV) of 2*S*S*d per layer forward, causal halves it, x3 for fwd+bwd.
   const double attn = 3.0 * 2.0 * 2.0 * cfg.num_layers * double(seq) * seq * cfg.q_dim() / 2.0 * batch * steps;
   const double tflops = (6.0 * n * tokens + attn) / secs / 1e12;
-  double peak_dev = 0;
-  if (device.is_cuda()) peak_dev = double(c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].peak);
+  const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
   const char* bound = sum.Bound();
   std::printf(
@@ -120,8 +102,8 @@ int main(int argc, char** argv) {
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
-      secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, PeakRssBytes(), sum.compute,
-      sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss, (long long)gpu_budget,
+      secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
+      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss, (long long)gpu_budget,
       (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
       (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
       (long long)after_last.alloc_retries, (long long)after_last.ooms);

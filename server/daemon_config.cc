@@ -101,6 +101,14 @@ Status Check(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("config field '" + field + "' " + what);
 }
 
+bool IsLoopbackAddress(const std::string& host_port) {
+  if (host_port.rfind("unix:", 0) == 0) return true;
+  const size_t colon = host_port.rfind(':');
+  std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
@@ -125,14 +133,6 @@ StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
     SLIDE_RETURN_IF_ERROR(Check(!c.allowed_roots[i].empty() && c.allowed_roots[i][0] == '/',
                                 "security.allowed_roots[" + std::to_string(i) + "]", "must be an absolute path"));
   return c;
-}
-
-bool IsLoopbackAddress(const std::string& host_port) {
-  if (host_port.rfind("unix:", 0) == 0) return true;
-  const size_t colon = host_port.rfind(':');
-  std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 Status FinalizeDaemonConfig(DaemonConfig* c) {

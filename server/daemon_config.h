@@ -35,6 +35,5 @@ StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path);
 // Cross-field checks after flags were applied: resolves state_dir and the token file, and refuses to listen
 // beyond loopback without a token.
 Status FinalizeDaemonConfig(DaemonConfig* config);
-bool IsLoopbackAddress(const std::string& host_port);
 
 }  // namespace slide

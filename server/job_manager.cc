@@ -5,41 +5,13 @@
 #include <cstdio>
 
 #include "engine/common/files.h"
+#include "engine/common/utf8.h"
 
 namespace slide {
 namespace {
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-// Messages can quote bytes from users' files; gRPC strings and the JSON store need valid UTF-8, so invalid
-// sequences become U+FFFD here, once, and memory, disk and clients all hold the same text.
-std::string ValidUtf8(const std::string& in) {
-  std::string out;
-  out.reserve(in.size());
-  size_t i = 0;
-  while (i < in.size()) {
-    const auto c = static_cast<unsigned char>(in[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= in.size() && !(len == 2 && c < 0xC2);
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(in[i + k]) & 0xC0) == 0x80;
-    if (ok && len == 3) {
-      const unsigned c1 = static_cast<unsigned char>(in[i + 1]);
-      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
-    }
-    if (ok && len == 4) {
-      const unsigned c1 = static_cast<unsigned char>(in[i + 1]);
-      ok = c <= 0xF4 && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
-    }
-    if (ok) {
-      out.append(in, i, len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -71,8 +43,6 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
       job->events.assign(stored.events.begin(), stored.events.end());
       job->next_seq = job->events.empty() ? 1 : job->events.back().seq + 1;
       const std::string id = job->record.id;
-      long long n = 0;
-      if (std::sscanf(id.c_str(), "job-%lld", &n) == 1) next_id_ = std::max<int64_t>(next_id_, n + 1);
       if (!IsFinal(job->record.state)) {
         JobEventRecord e;
         e.log = "daemon restarted: queued again; resumes from its last checkpoint if it has one";
@@ -83,8 +53,8 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
       order_.push_back(id);
       jobs_[id] = std::move(job);
     }
-    // Ids of unreadable job directories are not reused either.
-    next_id_ = std::max<int64_t>(next_id_, options_.store->HighestJobNumber() + 1);
+    // Every job directory's id, readable or not, stays taken.
+    next_id_ = options_.store->HighestJobNumber() + 1;
     if (problems != nullptr) *problems = std::move(bad);
     PublishCounts();
   }
@@ -110,15 +80,17 @@ void JobManager::Shutdown() {
   if (engine_.joinable()) engine_.join();
 }
 
-void JobManager::Persist(const Job& job, bool durable) {
+void JobManager::Persist(const Job& job) {
   if (options_.store == nullptr) return;
-  Status st = options_.store->SaveRecord(job.record, durable);
+  Status st = options_.store->SaveRecord(job.record);
   if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
 }
 
 void JobManager::AddEvent(Job& job, JobEventRecord e) {
   e.seq = job.next_seq++;
-  e.log = ValidUtf8(e.log);
+  // Messages can quote bytes from users' files; gRPC strings and the JSON store need valid UTF-8, so invalid
+  // sequences become U+FFFD here, once, and memory, disk and clients all hold the same text.
+  e.log = Utf8Lossy(e.log);
   if (options_.store != nullptr) {
     Status st = options_.store->AppendEvent(job.record.id, e);
     if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
@@ -138,7 +110,7 @@ void JobManager::PublishCounts() {
 void JobManager::SetState(Job& job, JobState s) {
   job.record.state = s;
   if (IsFinal(s)) job.record.finished_unix_ms = NowMs();
-  Persist(job, /*durable=*/true);
+  Persist(job);
   JobEventRecord e;
   e.kind = JobEventRecord::Kind::kState;
   e.state = s;
@@ -147,8 +119,8 @@ void JobManager::SetState(Job& job, JobState s) {
 }
 
 StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {
-  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
-  // Refuse what cannot fit now, with the numbers, rather than when the job reaches the engine.
+  // Validates the spec, then refuses what cannot fit now, with the numbers, rather than when the job reaches
+  // the engine.
   SLIDE_ASSIGN_OR_RETURN(std::string plan, PlanTrainingJob(spec));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
@@ -226,6 +198,11 @@ int JobManager::queued() const {
   return static_cast<int>(queue_.size());
 }
 
+int JobManager::total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(order_.size());
+}
+
 std::string JobManager::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return running_;
@@ -257,7 +234,6 @@ void JobManager::EngineLoop() {
       job->record.step = s.step;
       job->record.total_steps = s.total_steps;
       job->record.loss = s.loss;
-      Persist(*job, /*durable=*/false);
       if (options_.observer != nullptr) {
         options_.observer->OnStep(s, std::max<int64_t>(1, s.step - last_step),
                                   job->record.spec.batch_size * job->record.spec.seq_len);
@@ -282,10 +258,10 @@ void JobManager::EngineLoop() {
       SetState(*job, JobState::kSucceeded);  // durable first: a crash now must not train the job again
       if (!job->record.spec.checkpoint_dir.empty()) (void)RemoveTree(job->record.spec.checkpoint_dir);
     } else if (result.status().code() == StatusCode::kCancelled) {
-      job->record.error = ValidUtf8(result.status().message());
+      job->record.error = Utf8Lossy(result.status().message());
       SetState(*job, JobState::kCancelled);
     } else {
-      job->record.error = ValidUtf8(result.status().ToString());
+      job->record.error = Utf8Lossy(result.status().ToString());
       JobEventRecord e;
       e.log = "error: " + job->record.error;
       AddEvent(*job, e);

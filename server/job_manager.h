@@ -45,6 +45,7 @@ class JobManager {
   StatusOr<std::vector<JobEventRecord>> Events(const std::string& id, int64_t after_seq, int wait_ms, bool* final);
 
   int queued() const;
+  int total() const;  // every job the daemon knows
   std::string running() const;
   // Stops the engine thread. The running job checkpoints at its next step boundary and stays queued for the
   // next start (without a store it is cancelled); queued jobs stay queued.
@@ -61,7 +62,7 @@ class JobManager {
   void EngineLoop();
   void AddEvent(Job& job, JobEventRecord e);  // mu_ held
   void SetState(Job& job, JobState s);        // mu_ held
-  void Persist(const Job& job, bool durable);
+  void Persist(const Job& job);
   void PublishCounts();  // mu_ held  // mu_ held; a failing disk is logged, the job goes on
 
   JobManagerOptions options_;

@@ -155,13 +155,13 @@ StatusOr<JobEventRecord> EventFromJson(const nlohmann::json& j) {
 Status JobStore::Init() {
   SLIDE_RETURN_IF_ERROR(MakeDirs(dir_ + "/jobs"));
   // Fail now, not at the first job, when the directory is not writable.
-  return WriteFileAtomic(dir_ + "/.writable", "ok\n", /*durable=*/false);
+  return WriteFileAtomic(dir_ + "/.writable", "ok\n");
 }
 
-Status JobStore::SaveRecord(const JobRecord& record, bool durable) {
+Status JobStore::SaveRecord(const JobRecord& record) {
   SLIDE_RETURN_IF_ERROR(MakeDirs(JobDir(record.id)));
   // Dump replaces invalid UTF-8 and cannot throw on content; nothing else here throws.
-  return WriteFileAtomic(JobDir(record.id) + "/record.json", Dump(RecordToJson(record), 2) + "\n", durable);
+  return WriteFileAtomic(JobDir(record.id) + "/record.json", Dump(RecordToJson(record), 2) + "\n");
 }
 
 Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event) {
@@ -250,6 +250,14 @@ std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::str
       }
     }
     job.events.assign(tail.begin(), tail.end());
+    // Progress is not in record.json between state changes: the newest metrics event has it.
+    for (auto e = job.events.rbegin(); e != job.events.rend(); ++e)
+      if (e->kind == JobEventRecord::Kind::kMetrics) {
+        job.record.step = e->metrics.step;
+        job.record.total_steps = e->metrics.total_steps;
+        job.record.loss = e->metrics.loss;
+        break;
+      }
     out.push_back(std::move(job));
   }
   return out;

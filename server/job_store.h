@@ -24,8 +24,9 @@ class JobStore {
   explicit JobStore(std::string state_dir) : dir_(std::move(state_dir)) {}
   Status Init();  // creates the directories; fails when they cannot be created or written
 
-  // `durable` syncs the file before it replaces the old one (state changes); progress updates skip that.
-  Status SaveRecord(const JobRecord& record, bool durable);
+  // Written on submission and on every state change. Progress (step, loss) is not rewritten per step: it is
+  // the last metrics event, which LoadAll puts back into the record.
+  Status SaveRecord(const JobRecord& record);
   Status AppendEvent(const std::string& id, const JobEventRecord& event);
   std::string CheckpointDir(const std::string& id) const { return dir_ + "/jobs/" + id + "/checkpoint"; }
 

@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   so.allowed_roots = config.allowed_roots;
   so.gpu_budget_bytes = config.gpu_budget_bytes;
   so.state_dir = config.state_dir;
+  so.device = device;
   slide::SlideService service(jobs, so);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

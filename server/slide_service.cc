@@ -227,10 +227,9 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
 grpc::Status SlideService::GetServerStatus(grpc::ServerContext* ctx, const v1::GetServerStatusRequest*,
                                            v1::ServerStatus* resp) {
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
-  static const DeviceInfo device = DescribeDevice();
   resp->set_version(options_.version);
-  resp->set_device(device.description);
-  resp->set_device_memory_bytes(device.total_bytes);
+  resp->set_device(options_.device.description);
+  resp->set_device_memory_bytes(options_.device.total_bytes);
   resp->set_queued_jobs(jobs_.queued());
   resp->set_running_job(jobs_.running());
   resp->set_draining(draining_);
@@ -239,7 +238,7 @@ grpc::Status SlideService::GetServerStatus(grpc::ServerContext* ctx, const v1::G
   resp->set_host_resident_bytes(ResidentHostBytes());
   resp->set_gpu_budget_bytes(options_.gpu_budget_bytes);
   resp->set_state_dir(options_.state_dir);
-  resp->set_jobs_total(static_cast<int32_t>(jobs_.List(std::nullopt).size()));
+  resp->set_jobs_total(jobs_.total());
   return grpc::Status::OK;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/device_info.h"
 #include "server/job_manager.h"
 #include "slide/v1/slide.grpc.pb.h"
 
@@ -20,6 +21,7 @@ struct ServiceOptions {
   std::vector<std::string> allowed_roots;  // job paths must lie under these (empty: anywhere)
   int64_t gpu_budget_bytes = 24ll << 30;   // for jobs that leave it at 0
   std::string state_dir;                   // reported by GetServerStatus
+  DeviceInfo device;                       // reported by GetServerStatus
   std::string version = "0.1.0";
 };
 

@@ -44,13 +44,13 @@ Status RemoveTree(const std::string& path) {
 
 StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read '" + path + "': " + std::strerror(errno));
+  if (!in) return NotFound(path + ": cannot open (" + std::strerror(errno) + ")");
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& content, bool durable) {
+Status WriteFileAtomic(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot write", tmp);
@@ -64,7 +64,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& content, bool
     }
     done += static_cast<size_t>(n);
   }
-  if ((durable && ::fsync(fd) != 0) || ::close(fd) != 0) return Errno("cannot sync", tmp);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) return Errno("cannot sync", tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
   return Status::Ok();
 }

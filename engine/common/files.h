@@ -11,9 +11,8 @@ namespace slide {
 Status MakeDirs(const std::string& dir);
 Status RemoveTree(const std::string& path);  // no error when it does not exist
 StatusOr<std::string> ReadFileToString(const std::string& path);
-// Writes through `path`.tmp and rename: readers see the old or the new content, never a torn file. `durable`
-// also fsyncs before the rename (survives power loss, not just a killed process).
-Status WriteFileAtomic(const std::string& path, const std::string& content, bool durable = true);
+// Writes through `path`.tmp, fsync and rename: readers see the old or the new content, never a torn file.
+Status WriteFileAtomic(const std::string& path, const std::string& content);
 bool PathExists(const std::string& path);
 
 }  // namespace slide

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <random>
 
+#include "engine/common/utf8.h"
+
 namespace slide {
 namespace {
 

@@ -13,15 +13,27 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "engine/common/files.h"
+#include "engine/common/utf8.h"
+
 namespace slide {
 namespace {
 
 using nlohmann::json;
 
-// ---- UTF-8 helpers --------------------------------------------------------------------------------------
+// Every occurrence of `from` replaced by `to` (an empty `from` matches nothing).
+std::string ReplaceAll(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  std::string r;
+  for (size_t pos = 0;;) {
+    const size_t hit = s.find(from, pos);
+    if (hit == std::string::npos) return r.append(s, pos, std::string::npos);
+    r.append(s, pos, hit - pos).append(to);
+    pos = hit + from.size();
+  }
+}
 
-// Length of the UTF-8 sequence starting at s[i] (assumes valid input).
-size_t Utf8Len(unsigned char c) { return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4; }
+// ---- UTF-8 helpers --------------------------------------------------------------------------------------
 
 void AppendUtf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -48,24 +60,6 @@ uint32_t DecodeUtf8(std::string_view s, size_t& i) {
   for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   i += n;
   return cp;
-}
-
-// Replaces invalid sequences with U+FFFD, as Rust's from_utf8_lossy does.
-std::string Utf8Lossy(std::string_view s) {
-  std::string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t n = Utf8Len(static_cast<unsigned char>(s[i]));
-    if (IsValidUtf8(s.substr(i, std::min(n, s.size() - i))) && i + n <= s.size()) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-      while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
-    }
-  }
-  return out;
 }
 
 // GPT-2's reversible byte -> printable code point map used by ByteLevel.
@@ -318,37 +312,6 @@ Status ParsePostProcessor(const json& p, std::vector<int32_t>& prefix, std::vect
 
 }  // namespace
 
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = s[i];
-    size_t n;
-    uint32_t min;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c >> 5) == 0x6) {
-      n = 2, min = 0x80;
-    } else if ((c >> 4) == 0xE) {
-      n = 3, min = 0x800;
-    } else if ((c >> 3) == 0x1E) {
-      n = 4, min = 0x10000;
-    } else {
-      return false;
-    }
-    if (i + n > s.size()) return false;
-    uint32_t cp = c & (0xFF >> (n + 1));
-    for (size_t k = 1; k < n; ++k) {
-      unsigned char cc = s[i + k];
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
-}
-
 std::string Tokenizer::Impl::Normalize(std::string_view s) const {
   std::string out(s);
   for (const auto& n : normalizer) {
@@ -367,20 +330,9 @@ std::string Tokenizer::Impl::Normalize(std::string_view s) const {
       case NormalizerStep::kPrepend:
         if (!out.empty()) out = n.a + out;
         break;
-      case NormalizerStep::kReplace: {
-        std::string r;
-        for (size_t pos = 0;;) {
-          size_t hit = n.a.empty() ? std::string::npos : out.find(n.a, pos);
-          if (hit == std::string::npos) {
-            r.append(out, pos, std::string::npos);
-            break;
-          }
-          r.append(out, pos, hit - pos).append(n.b);
-          pos = hit + n.a.size();
-        }
-        out = std::move(r);
+      case NormalizerStep::kReplace:
+        out = ReplaceAll(out, n.a, n.b);
         break;
-      }
     }
   }
   return out;
@@ -503,11 +455,8 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open tokenizer file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return FromJson(ss.str(), path);
+  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return FromJson(text, path);
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text, const std::string& source) {
@@ -659,17 +608,7 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
         for (size_t k = 0; k < toks.size(); ++k) {
           const bool drop = d.kind == DecoderStep::kMetaspace && k == 0 && d.prepend_scheme != "never";
           const std::string to = d.kind == DecoderStep::kMetaspace ? (drop ? "" : " ") : d.b;
-          std::string r;
-          for (size_t pos = 0;;) {
-            size_t hit = toks[k].find(d.a, pos);
-            if (hit == std::string::npos) {
-              r.append(toks[k], pos, std::string::npos);
-              break;
-            }
-            r.append(toks[k], pos, hit - pos).append(to);
-            pos = hit + d.a.size();
-          }
-          toks[k] = std::move(r);
+          toks[k] = ReplaceAll(toks[k], d.a, to);
         }
         break;
       }
@@ -751,8 +690,6 @@ int32_t Tokenizer::TokenId(const std::string& token) const {
   auto it = impl_->vocab.find(token);
   return it == impl_->vocab.end() ? -1 : it->second;
 }
-
-const std::string& Tokenizer::TokenString(int32_t id) const { return impl_->id_to_token.at(id); }
 
 bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[id];

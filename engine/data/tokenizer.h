@@ -28,7 +28,6 @@ class Tokenizer {
 
   int32_t vocab_size() const;                       // largest id + 1
   int32_t TokenId(const std::string& token) const;  // -1 if absent
-  const std::string& TokenString(int32_t id) const;
   bool IsSpecial(int32_t id) const;
 
   struct Impl;
@@ -45,8 +44,5 @@ struct TokenizerConfig {
   std::string pad_token;
 };
 StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir);
-
-// True when `text` is well-formed UTF-8.
-bool IsValidUtf8(std::string_view text);
 
 }  // namespace slide

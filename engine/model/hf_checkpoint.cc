@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/common/files.h"
 #include "engine/model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -22,14 +23,6 @@ using nlohmann::json;
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
-StatusOr<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path.string() + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // name -> (file, entry) across one or more safetensors files.
 struct TensorSource {
   std::shared_ptr<SafetensorsFile> file;
@@ -40,7 +33,7 @@ StatusOr<std::map<std::string, TensorSource>> OpenCheckpoint(const fs::path& dir
   std::map<std::string, TensorSource> sources;
   if (fs::exists(dir / kIndexFile)) {
     const std::string index_path = (dir / kIndexFile).string();
-    SLIDE_ASSIGN_OR_RETURN(std::string text, ReadText(dir / kIndexFile));
+    SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir / kIndexFile));
     json index;
     try {
       index = json::parse(text);
@@ -166,7 +159,7 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
   fs::create_directories(out, ec);
   if (ec) return InvalidArgument(out_dir + ": cannot create directory (" + ec.message() + ")");
 
-  SLIDE_ASSIGN_OR_RETURN(std::string config_text, ReadText(src / "config.json"));
+  SLIDE_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(src / "config.json"));
   json config;
   try {
     config = json::parse(config_text);

@@ -22,7 +22,6 @@ DeviceInfo DescribeDevice() {
   if (at::hasCUDA()) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-      info.cuda = true;
       info.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
       char buf[384];
       std::snprintf(buf, sizeof(buf), "cuda:0 %s (%.1f GiB)", prop.name, info.total_bytes / double(1ll << 30));
@@ -43,8 +42,6 @@ DeviceAllocatorStats ReadDeviceAllocatorStats() {
     constexpr size_t kAll = 0;  // StatType::AGGREGATE
     out.reserved_bytes = s.reserved_bytes[kAll].current;
     out.peak_reserved_bytes = s.reserved_bytes[kAll].peak;
-    out.allocated_bytes = s.allocated_bytes[kAll].current;
-    out.peak_allocated_bytes = s.allocated_bytes[kAll].peak;
     out.segments_allocated = s.segment[kAll].allocated;
     out.alloc_retries = s.num_alloc_retries;
     out.ooms = s.num_ooms;
@@ -66,11 +63,12 @@ void LimitDeviceMemory(int64_t budget_bytes) {
 #endif
 }
 
-int64_t ResidentHostBytes() {
+namespace {
+int64_t ProcStatusBytes(const std::string& field) {  // a "kB" line of /proc/self/status
   std::ifstream in("/proc/self/status");
   std::string key;
   while (in >> key) {
-    if (key == "VmRSS:") {
+    if (key == field) {
       int64_t kb = 0;
       in >> kb;
       return kb * 1024;
@@ -78,5 +76,9 @@ int64_t ResidentHostBytes() {
   }
   return 0;
 }
+}  // namespace
+
+int64_t ResidentHostBytes() { return ProcStatusBytes("VmRSS:"); }
+int64_t PeakResidentHostBytes() { return ProcStatusBytes("VmHWM:"); }
 
 }  // namespace slide

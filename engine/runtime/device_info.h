@@ -8,20 +8,19 @@ namespace slide {
 
 struct DeviceInfo {
   std::string description;  // e.g. "cuda:0 NVIDIA H200 (139.8 GiB)" or "cpu (16 threads, no CUDA device)"
-  bool cuda = false;
   int64_t total_bytes = 0;  // device memory (0 on the CPU)
 };
 
 DeviceInfo DescribeDevice();
 
-// Resident host memory of this process (VmRSS).
+// Resident host memory of this process now (VmRSS) and at its peak (VmHWM).
 int64_t ResidentHostBytes();
+int64_t PeakResidentHostBytes();
 
 // The CUDA caching allocator's counters for device 0 (all zero without CUDA). `segments_allocated` counts
 // cudaMalloc calls over the process: constant after the first step means no allocation grew.
 struct DeviceAllocatorStats {
   int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
-  int64_t allocated_bytes = 0, peak_allocated_bytes = 0;
   int64_t segments_allocated = 0, alloc_retries = 0, ooms = 0;
 };
 DeviceAllocatorStats ReadDeviceAllocatorStats();

@@ -57,7 +57,7 @@ struct DeviceQueue::Cuda {
 struct DeviceQueue::Cuda {};
 #endif
 
-DeviceQueue::DeviceQueue(c10::Device device, int num_slots) : device_(device) {
+DeviceQueue::DeviceQueue(c10::Device device, int num_slots) {
 #if SLIDE_HAVE_CUDA
   if (device.is_cuda()) cuda_ = std::make_unique<Cuda>(device, num_slots);
 #else

@@ -25,8 +25,6 @@ class DeviceQueue {
   DeviceQueue(c10::Device device, int num_slots);
   ~DeviceQueue();
 
-  bool is_cuda() const { return device_.is_cuda(); }
-
   // Host memory the device copies from/to: page-locked with cudaHostRegister on CUDA (exact size; LibTorch's
   // pinned allocator rounds each block up to a power of two), plain memory otherwise. Stays registered
   // while this queue lives.
@@ -51,7 +49,6 @@ class DeviceQueue {
 
  private:
   struct Cuda;
-  c10::Device device_;
   std::unique_ptr<Cuda> cuda_;
   std::vector<void*> registered_;
   int64_t pinned_bytes_ = 0;

@@ -52,13 +52,17 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
   Init();
 }
 
+StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerOptions& train, PlanRequest request) {
+  request.model = cfg;
+  request.compute_dtype = train.compute_dtype;
+  request.lm_head_chunk_tokens = train.loss.chunk_tokens;
+  return PlanMemory(request);
+}
+
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                                  SlidingOptions options, PlanRequest request,
                                                                  MemoryPlan* plan_out) {
-  request.model = cfg;
-  request.compute_dtype = options.train.compute_dtype;
-  request.lm_head_chunk_tokens = options.train.loss.chunk_tokens;
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(request));
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
   options.checkpoints_on_host = plan.checkpoints_on_host;
   options.device_budget_bytes = request.device_budget_bytes;

@@ -33,9 +33,6 @@ ModelParams* StateOf(const SlidingTrainer::OptimizerState& s, int kind) {
 Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer) {
   SLIDE_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string name = StepDirName(info.step), step_dir = dir + "/" + name;
-  // The checkpoint LATEST names is never touched: the same step again is the same state.
-  auto latest = ReadFileToString(dir + "/LATEST");
-  if (latest.ok() && latest.value().substr(0, latest.value().find('\n')) == name) return Status::Ok();
   SLIDE_RETURN_IF_ERROR(RemoveTree(step_dir));  // a torn attempt at the same step
   SLIDE_RETURN_IF_ERROR(MakeDirs(step_dir));
   SlidingTrainer::OptimizerState state = trainer.MutableState();

@@ -26,6 +26,7 @@ struct CheckpointInfo {
 };
 
 // Waits for the trainer's updates, writes a new step directory, points LATEST at it and removes older ones.
+// The step must be newer than the one LATEST names (its directory is replaced first).
 Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer);
 
 // No LATEST in `dir`: nullopt. Otherwise loads the state into `trainer` (and calls StateRestored) after checking

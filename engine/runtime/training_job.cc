@@ -20,6 +20,9 @@
 namespace slide {
 namespace {
 
+// Sequences per forward/backward (micro_batch_size 0 means no accumulation).
+int64_t MicroBatchSize(const TrainingJobSpec& s) { return s.micro_batch_size == 0 ? s.batch_size : s.micro_batch_size; }
+
 Status Field(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("job field '" + field + "' " + what);
 }
@@ -47,7 +50,7 @@ int64_t PhysicalHostBytes() {
 }
 
 PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
-  const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+  const int64_t micro = MicroBatchSize(spec);
   PlanRequest r;
   r.micro_batch = micro;
   r.seq_len = spec.seq_len;
@@ -117,7 +120,7 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
     TrainerOptions o;
     o.compute_dtype = ComputeDtype(spec, cuda);
     o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+    const int64_t micro = MicroBatchSize(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
     SLIDE_ASSIGN_OR_RETURN(auto trainer,
                            SlidingTrainer::Create(cfg, std::move(master), {.train = o}, MakePlanRequest(spec, cuda)));
@@ -131,11 +134,9 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
   const bool cuda = UsesCuda(spec);
-  PlanRequest r = MakePlanRequest(spec, cuda);
-  r.model = cfg;
-  r.compute_dtype = ComputeDtype(spec, cuda);
-  r.lm_head_chunk_tokens = LossOptions{}.chunk_tokens;
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(r));
+  TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
+  o.compute_dtype = ComputeDtype(spec, cuda);
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, SlidingTrainer::Plan(cfg, o, MakePlanRequest(spec, cuda)));
   return plan.ToString();
 }
 
@@ -146,7 +147,7 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(s.steps >= 0, "steps", "must be >= 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.steps > 0 || s.epochs > 0, "epochs", "must be > 0 when steps is 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.batch_size >= 1, "batch_size", "must be >= 1"));
-  const int64_t micro = s.micro_batch_size == 0 ? s.batch_size : s.micro_batch_size;
+  const int64_t micro = MicroBatchSize(s);
   SLIDE_RETURN_IF_ERROR(Field(micro >= 1 && s.batch_size % micro == 0, "micro_batch_size",
                               "must divide batch_size (" + std::to_string(s.batch_size) + ")"));
   SLIDE_RETURN_IF_ERROR(Field(s.seq_len >= 2 && s.seq_len <= (1 << 20), "seq_len", "must be in [2, 1048576]"));
@@ -208,7 +209,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         " tokens; " + std::to_string(ds.stats.skipped) + " lines skipped");
     for (const auto& e : ds.stats.errors) log("skipped: " + e);
 
-    const int64_t micro = spec.micro_batch_size == 0 ? spec.batch_size : spec.micro_batch_size;
+    const int64_t micro = MicroBatchSize(spec);
     const int64_t accum = spec.batch_size / micro;
     const int64_t n_train = static_cast<int64_t>(ds.train.size());
     const int64_t total = spec.steps > 0
@@ -267,6 +268,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
       info.order_index = order.position().index;
       info.loss = result.final_loss;
       info.fingerprint = fingerprint;
+      trainer->WaitForUpdates();  // the step's own update time is not the checkpoint's
       const auto t0 = std::chrono::steady_clock::now();
       SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec.checkpoint_dir, info, *trainer));
       last_checkpoint = steps_done;

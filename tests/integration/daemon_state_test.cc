@@ -32,8 +32,7 @@ namespace v1 = slide::v1;
 namespace fs = std::filesystem;
 using slide::testing::Daemon;
 using slide::testing::DaemonOptions;
-
-v1::JobSpec Demo(const std::string& out, int steps) { return slide::testing::DemoJobSpec(out, steps); }
+using slide::testing::DemoJobSpec;
 
 std::string Submit(Daemon& d, const v1::JobSpec& spec, grpc::Status* status = nullptr) {
   grpc::ClientContext c;
@@ -107,7 +106,7 @@ Resume ReadResume(const std::vector<v1::JobEvent>& events) {
 
 TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   Daemon first;
-  v1::JobSpec spec = Demo(first.Path("export"), 40);
+  v1::JobSpec spec = DemoJobSpec(first.Path("export"), 40);
   spec.set_checkpoint_every(5);
   const std::string id = Submit(first, spec);
   ASSERT_FALSE(id.empty());
@@ -158,7 +157,7 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
 
 TEST(DaemonState, CancelStopsARunningJobAtAStepBoundary) {
   Daemon d;
-  const std::string id = Submit(d, Demo(d.Path("export"), 500));
+  const std::string id = Submit(d, DemoJobSpec(d.Path("export"), 500));
   ASSERT_GE(WaitFor(
                 d, id, [](const v1::Job& j) { return j.step() >= 2; }, 120)
                 .step(),
@@ -181,7 +180,7 @@ TEST(DaemonState, CancelStopsARunningJobAtAStepBoundary) {
 
 TEST(DaemonState, SigtermCheckpointsTheRunningJobAndTheNextStartResumesIt) {
   Daemon first;
-  v1::JobSpec spec = Demo(first.Path("export"), 30);
+  v1::JobSpec spec = DemoJobSpec(first.Path("export"), 30);
   spec.set_checkpoint_every(1000);  // only the shutdown checkpoint
   const std::string id = Submit(first, spec);
   ASSERT_GE(WaitFor(
@@ -203,13 +202,13 @@ TEST(DaemonState, SigtermCheckpointsTheRunningJobAndTheNextStartResumesIt) {
 
 TEST(DaemonState, CorruptCheckpointFailsOnlyItsJob) {
   Daemon first;
-  v1::JobSpec spec = Demo(first.Path("export"), 40);
+  v1::JobSpec spec = DemoJobSpec(first.Path("export"), 40);
   spec.set_checkpoint_every(2);
   const std::string id = Submit(first, spec);
-  ASSERT_GE(WaitFor(
-                first, id, [](const v1::Job& j) { return j.step() >= 5; }, 120)
-                .step(),
-            5);
+  const int64_t before_kill = WaitFor(
+                                  first, id, [](const v1::Job& j) { return j.step() >= 5; }, 120)
+                                  .step();
+  ASSERT_GE(before_kill, 5);
   first.Kill();
   const std::string ckpt = first.state_dir() + "/jobs/" + id + "/checkpoint";
   std::string latest;
@@ -224,8 +223,11 @@ TEST(DaemonState, CorruptCheckpointFailsOnlyItsJob) {
   ASSERT_EQ(failed.state(), v1::FAILED);
   EXPECT_NE(failed.error().find("DATA_LOSS"), std::string::npos) << failed.error();
   EXPECT_NE(failed.error().find(tensors), std::string::npos) << failed.error();
+  // The job's progress survived the kill: record.json is rewritten only on state changes, and the step comes
+  // back from the newest metrics event.
+  EXPECT_GE(failed.step(), before_kill);
   EXPECT_EQ(Health(second), grpc::health::v1::HealthCheckResponse::SERVING);
-  const std::string next = Submit(second, Demo(second.Path("export2"), 3));
+  const std::string next = Submit(second, DemoJobSpec(second.Path("export2"), 3));
   EXPECT_EQ(WaitFor(
                 second, next, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
                 .state(),
@@ -240,7 +242,7 @@ TEST(DaemonState, DamagedFilesNeverTakeTheDaemonDown) {
   const fs::path model = first.Path("model");
   fs::copy(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model", model);
   { std::ofstream(model / "tokenizer.json", std::ios::trunc) << "{\"model\": \xff\xfe broken"; }
-  v1::JobSpec bad = Demo(first.Path("export-bad"), 3);
+  v1::JobSpec bad = DemoJobSpec(first.Path("export-bad"), 3);
   bad.set_model_dir(model.string());
   const std::string bad_id = Submit(first, bad);
   const v1::Job failed = WaitFor(
@@ -248,7 +250,7 @@ TEST(DaemonState, DamagedFilesNeverTakeTheDaemonDown) {
   ASSERT_EQ(failed.state(), v1::FAILED);
   EXPECT_NE(failed.error().find("tokenizer.json"), std::string::npos) << failed.error();
   EXPECT_EQ(Health(first), grpc::health::v1::HealthCheckResponse::SERVING);
-  const std::string good_id = Submit(first, Demo(first.Path("export"), 3));
+  const std::string good_id = Submit(first, DemoJobSpec(first.Path("export"), 3));
   ASSERT_EQ(WaitFor(
                 first, good_id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 60)
                 .state(),
@@ -266,7 +268,7 @@ TEST(DaemonState, DamagedFilesNeverTakeTheDaemonDown) {
     EXPECT_EQ(second.Log().find("events.jsonl"), std::string::npos) << second.Log();
     EXPECT_EQ(Get(second, bad_id).state(), v1::FAILED);
     EXPECT_EQ(Get(second, bad_id).error(), failed.error());  // the bad byte is U+FFFD in both
-    const std::string next = Submit(second, Demo(second.Path("export"), 2));
+    const std::string next = Submit(second, DemoJobSpec(second.Path("export"), 2));
     EXPECT_NE(next, good_id);  // the unreadable job's id stays its own
     EXPECT_GT(next, good_id);
     EXPECT_EQ(second.Terminate(30), 0);
@@ -287,10 +289,10 @@ TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
   ASSERT_GT(d.port(), 0) << d.Log();
 
   grpc::Status s;
-  Submit(d, Demo((root / "jobs" / "out").string(), 3), &s);  // the model lies outside the root
+  Submit(d, DemoJobSpec((root / "jobs" / "out").string(), 3), &s);  // the model lies outside the root
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_NE(s.error_message().find("job field 'model_dir'"), std::string::npos) << s.error_message();
-  v1::JobSpec via_link = Demo((root / "jobs" / "out").string(), 3);
+  v1::JobSpec via_link = DemoJobSpec((root / "jobs" / "out").string(), 3);
   via_link.set_model_dir((root / "jobs" / "escape" / "model").string());  // a symlink out of the root
   via_link.set_dataset((root / "jobs" / "escape" / "train.jsonl").string());
   Submit(d, via_link, &s);
@@ -298,7 +300,7 @@ TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
   EXPECT_NE(s.error_message().find("outside the allowed roots"), std::string::npos) << s.error_message();
 
   Daemon open;
-  v1::JobSpec big = Demo(open.Path("export"), 3);
+  v1::JobSpec big = DemoJobSpec(open.Path("export"), 3);
   big.set_gpu_budget_bytes(1 << 16);
   Submit(open, big, &s);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -350,7 +352,7 @@ TEST(DaemonState, EveryCallNeedsTheTokenWhenOneIsSet) {
   EXPECT_EQ(status_with("s3cret-tokeN").error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(status_with("s3cret-token").ok());
   grpc::Status submit;
-  Submit(d, Demo(d.Path("export"), 2), &submit);
+  Submit(d, DemoJobSpec(d.Path("export"), 2), &submit);
   EXPECT_EQ(submit.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Health(d), grpc::health::v1::HealthCheckResponse::SERVING);  // health stays open to probes
 }
@@ -398,7 +400,7 @@ TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
   if (!fs::exists(prometheus)) GTEST_SKIP() << "Debian's prometheus package is not installed";
   Daemon d;
   ASSERT_GT(d.metrics_port(), 0) << d.Log();
-  const std::string id = Submit(d, Demo(d.Path("export"), 12));
+  const std::string id = Submit(d, DemoJobSpec(d.Path("export"), 12));
   ASSERT_EQ(WaitFor(
                 d, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
                 .state(),
@@ -453,7 +455,7 @@ TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
 
 TEST(DaemonState, FiftyWatchersAndAThousandReadsWhileAJobTrains) {
   Daemon d;
-  const std::string id = Submit(d, Demo(d.Path("export"), 80));
+  const std::string id = Submit(d, DemoJobSpec(d.Path("export"), 80));
   ASSERT_FALSE(id.empty());
   const int64_t load_from = WaitFor(
                                 d, id, [](const v1::Job& j) { return j.step() >= 15; }, 120)

@@ -7,10 +7,13 @@
 #include <fstream>
 #include <set>
 
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
 namespace {
+
+using testing::ExpectContains;
 
 using testing::TempDir;
 using testing::ValueOrDie;
@@ -117,8 +120,7 @@ TEST(Dataset, ChatMLTrainsOnAssistantTurns) {
   o.chat_template = ChatTemplate::kLlama3;
   auto r = LoadJsonlDataset(dir.File("data.jsonl"), *tok, o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("needs token <|begin_of_text|>, which the tokenizer lacks"), std::string::npos)
-      << r.status().message();
+  ExpectContains(r.status().message(), "needs token <|begin_of_text|>, which the tokenizer lacks");
 }
 
 TEST(Dataset, PreTokenizedKeepsLabels) {
@@ -138,7 +140,7 @@ void ExpectError(const std::string& content, const std::string& part, DatasetOpt
   auto r = LoadJsonlDataset(Write(dir, content), *tok, o);
   ASSERT_FALSE(r.ok()) << content;
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find(part), std::string::npos) << r.status().message();
+  ExpectContains(r.status().message(), part);
 }
 
 TEST(Dataset, BadInputIsReportedWithFileAndLine) {
@@ -178,8 +180,8 @@ TEST(Dataset, SkipPolicyCountsAndReports) {
   EXPECT_EQ(ds.stats.samples, 2);
   EXPECT_EQ(ds.stats.skipped, 3);
   ASSERT_EQ(ds.stats.errors.size(), 2u);
-  EXPECT_NE(ds.stats.errors[0].find("data.jsonl:2: not valid JSON"), std::string::npos);
-  EXPECT_NE(ds.stats.errors[1].find("data.jsonl:4: no known field"), std::string::npos);
+  ExpectContains(ds.stats.errors[0], "data.jsonl:2: not valid JSON");
+  ExpectContains(ds.stats.errors[1], "data.jsonl:4: no known field");
 }
 
 TEST(Dataset, HeldOutSplitIsSeeded) {

@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
 namespace {
+
+using testing::ExpectContains;
 
 ModelConfig Llama8B() {
   auto cfg = testing::ValueOrDie(ParseHfConfig(
@@ -64,16 +67,16 @@ TEST(MemoryPlan, RefusesWithNeededAndAvailable) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   const std::string& m = r.status().message();
-  EXPECT_NE(m.find("of device memory at its smallest"), std::string::npos) << m;
-  EXPECT_NE(m.find("the device budget is 4.00 GiB"), std::string::npos) << m;
-  EXPECT_NE(m.find("layer slots"), std::string::npos) << m;
+  ExpectContains(m, "of device memory at its smallest");
+  ExpectContains(m, "the device budget is 4.00 GiB");
+  ExpectContains(m, "layer slots");
 
   PlanRequest host = Request8B(24);
   host.host_budget_bytes = 64ll << 30;
   auto h = PlanMemory(host);
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(h.status().message().find("of host memory, but the host budget is 64.00 GiB"), std::string::npos);
+  ExpectContains(h.status().message(), "of host memory, but the host budget is 64.00 GiB");
 }
 
 TEST(MemoryPlan, AccumulationNeedsFp32GradientBuffers) {

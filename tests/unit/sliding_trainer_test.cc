@@ -10,10 +10,13 @@
 #include <limits>
 
 #include "engine/runtime/device_info.h"
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
 namespace {
+
+using testing::ExpectContains;
 
 using testing::Compare;
 using testing::ModelFixture;
@@ -204,8 +207,7 @@ TEST(SlidingTrainer, CreatePlansWithinBudgetAndRefusesWhatCannotFit) {
       fx.config, testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat)), {.train = o}, r);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(refused.status().message().find("the device budget is 0.00 GiB"), std::string::npos)
-      << refused.status().message();
+  ExpectContains(refused.status().message(), "the device budget is 0.00 GiB");
 
   r.device_budget_bytes = 64 << 20;
   MemoryPlan plan;

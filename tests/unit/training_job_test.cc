@@ -9,10 +9,13 @@
 #include <fstream>
 #include <limits>
 
+#include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
 namespace {
+
+using testing::ExpectContains;
 
 std::string Demo(const std::string& rel) { return std::string(SLIDE_FIXTURES_DIR) + "/../../deploy/demo/" + rel; }
 
@@ -86,7 +89,7 @@ TEST(TrainingJob, BadSpecsNameTheField) {
     mutate(s);
     Status st = ValidateTrainingJobSpec(s);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << part;
-    EXPECT_NE(st.message().find(part), std::string::npos) << st.message();
+    ExpectContains(st.message(), part);
   };
   expect([](TrainingJobSpec& s) { s.model_dir = ""; }, "job field 'model_dir' is required");
   expect([](TrainingJobSpec& s) { s.lr = -1; }, "job field 'lr' must be in (0, 1)");
@@ -107,14 +110,14 @@ TEST(TrainingJob, BadPathsAndDataFailTheJob) {
   s.model_dir = "/nonexistent/model";
   auto r = RunTrainingJob(s, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(r.status().message().find("/nonexistent/model/config.json"), std::string::npos);
+  ExpectContains(r.status().message(), "/nonexistent/model/config.json");
 
   s = DemoSpec(out);
   s.dataset_path = out.File("bad.jsonl");
   std::ofstream(s.dataset_path) << "{\"prompt\": \"x\", \"completion\": \"y\"}\n{oops\n";
   r = RunTrainingJob(s, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("bad.jsonl:2: not valid JSON"), std::string::npos) << r.status().message();
+  ExpectContains(r.status().message(), "bad.jsonl:2: not valid JSON");
 
   s = DemoSpec(out);
   s.gpu_budget_bytes = 1 << 16;  // too small for the plan
@@ -208,18 +211,18 @@ TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
   other.batch_size = 8;  // a different job must not pick this checkpoint up
   auto r = RunTrainingJob(other, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("belongs to a different job"), std::string::npos) << r.status().message();
+  ExpectContains(r.status().message(), "belongs to a different job");
 
   const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
   std::filesystem::resize_file(tensors, std::filesystem::file_size(tensors) / 2);
   r = RunTrainingJob(spec, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
-  EXPECT_NE(r.status().message().find(tensors), std::string::npos) << r.status().message();
+  ExpectContains(r.status().message(), tensors);
 
   std::ofstream(out.File("ckpt/step-00000002/state.json")) << "{\"format\": 1, \"step\": ";
   r = RunTrainingJob(spec, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("state.json' is corrupt"), std::string::npos) << r.status().message();
+  ExpectContains(r.status().message(), "state.json' is corrupt");
 }
 
 }  // namespace
