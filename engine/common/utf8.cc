@@ -36,7 +36,8 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
-// Replaces invalid sequences with U+FFFD, as Rust's from_utf8_lossy does.
+// Replaces each invalid sequence (a bad lead byte together with the continuation bytes after it) with U+FFFD.
+// Rust's from_utf8_lossy, which HF decoders use, gives one U+FFFD per stray continuation byte instead.
 std::string Utf8Lossy(std::string_view s) {
   std::string out;
   size_t i = 0;

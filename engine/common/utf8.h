@@ -13,7 +13,8 @@ inline size_t Utf8Len(unsigned char c) { return c < 0x80 ? 1 : (c >> 5) == 0x6 ?
 // True when `text` is well-formed UTF-8.
 bool IsValidUtf8(std::string_view text);
 
-// Replaces invalid sequences with U+FFFD, as Rust's from_utf8_lossy does.
+// Replaces each invalid sequence (a bad lead byte together with the continuation bytes after it) with U+FFFD.
+// Rust's from_utf8_lossy, which HF decoders use, gives one U+FFFD per stray continuation byte instead.
 std::string Utf8Lossy(std::string_view s);
 
 }  // namespace slide
