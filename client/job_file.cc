@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 namespace slidectl {
 namespace {
@@ -64,9 +65,14 @@ std::string LoadJobFile(const std::string& path, JobSpec* spec) {
       {"activation_placement", str(&JobSpec::set_activation_placement)},
       {"export_dtype", str(&JobSpec::set_export_dtype)},
       {"checkpoint_every", [](JobSpec* s, const YAML::Node& n) { s->set_checkpoint_every(n.as<int64_t>()); }},
+      {"allow_seq_len_beyond_model",
+       [](JobSpec* s, const YAML::Node& n) { s->set_allow_seq_len_beyond_model(n.as<bool>()); }},
   };
+  std::set<std::string> seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string key = it->first.as<std::string>();
+    if (!it->first.IsScalar()) return Where(path, it->first) + ": a field name must be text";
+    const std::string key = it->first.Scalar();
+    if (!seen.insert(key).second) return Where(path, it->first) + ": field '" + key + "' is given twice";
     auto f = fields.find(key);
     if (f == fields.end()) return Where(path, it->first) + ": unknown field '" + key + "'";
     if (!it->second.IsScalar()) return Where(path, it->second) + ": field '" + key + "' must be a single value";

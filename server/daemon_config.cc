@@ -2,9 +2,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <netdb.h>
+
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "engine/common/files.h"
 
@@ -73,18 +77,23 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
 Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull()) return Status::Ok();  // an empty file
   if (!root.IsMap()) return InvalidArgument(Where(file, root, "") + "the config must be a mapping of sections");
+  std::set<std::string> sections_seen;
   for (auto sec = root.begin(); sec != root.end(); ++sec) {
     if (!sec->first.IsScalar()) return InvalidArgument(Where(file, sec->first, "") + "a section name must be text");
     const std::string section = sec->first.Scalar();
+    if (!sections_seen.insert(section).second)
+      return InvalidArgument(Where(file, sec->first, section) + ": duplicate section");
     auto s = Schema().find(section);
     if (s == Schema().end())
       return InvalidArgument(Where(file, sec->first, section) +
                              ": unknown section (expected server, storage, security or jobs)");
     if (sec->second.IsNull()) continue;
     if (!sec->second.IsMap()) return InvalidArgument(Where(file, sec->second, section) + ": must be a mapping");
+    std::set<std::string> keys_seen;
     for (auto kv = sec->second.begin(); kv != sec->second.end(); ++kv) {
       if (!kv->first.IsScalar()) return InvalidArgument(Where(file, kv->first, section) + ": a key must be text");
       const std::string key = kv->first.Scalar(), path = section + "." + key;
+      if (!keys_seen.insert(key).second) return InvalidArgument(Where(file, kv->first, path) + ": duplicate key");
       auto f = s->second.find(key);
       if (f == s->second.end()) return InvalidArgument(Where(file, kv->first, path) + ": unknown key");
       try {
@@ -99,6 +108,30 @@ Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
 
 Status Check(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("config field '" + field + "' " + what);
+}
+
+// HOST:PORT (or [IPV6]:PORT, or unix:PATH): the port present and in 0..65535 (0 picks a free one), the host
+// resolvable. gRPC would otherwise wrap a port past 65535 and take 443 for a missing one.
+Status CheckListenAddress(const std::string& field, const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return Status::Ok();
+  const std::string where = "config field '" + field + "' ('" + address + "')";
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size())
+    return InvalidArgument(where + " needs HOST:PORT, e.g. 127.0.0.1:50151");
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stol(port) > 65535)
+    return InvalidArgument(where + ": port '" + port + "' is not a number in 0..65535");
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) return InvalidArgument(where + ": the host is empty");
+  if (host == "*") return Status::Ok();  // every interface
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (rc != 0) return InvalidArgument(where + ": cannot resolve host '" + host + "' (" + ::gai_strerror(rc) + ")");
+  return Status::Ok();
 }
 
 bool IsLoopbackAddress(const std::string& host_port) {
@@ -147,10 +180,17 @@ Status FinalizeDaemonConfig(DaemonConfig* c) {
       return InvalidArgument("config field 'storage.state_dir' is empty and neither XDG_DATA_HOME nor HOME is set");
     }
   }
+  SLIDE_RETURN_IF_ERROR(CheckListenAddress("server.listen", c->listen));
+  if (!c->metrics_listen.empty()) SLIDE_RETURN_IF_ERROR(CheckListenAddress("server.metrics_listen", c->metrics_listen));
   if (c->token.empty() && !c->token_file.empty()) {
     auto t = ReadFileToString(c->token_file);
     if (!t.ok()) return InvalidArgument("config field 'security.token_file': " + t.status().message());
     c->token = t.value().substr(0, t.value().find('\n'));
+    while (!c->token.empty() && std::isspace(static_cast<unsigned char>(c->token.back()))) c->token.pop_back();
+    // An empty file must not turn authentication off.
+    if (c->token.empty())
+      return InvalidArgument("config field 'security.token_file': '" + c->token_file +
+                             "' holds no token on its first line");
   }
   if (c->token.empty()) {
     if (const char* env = std::getenv("SLIDE_TOKEN")) c->token = env;

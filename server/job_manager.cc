@@ -6,6 +6,7 @@
 
 #include "engine/common/files.h"
 #include "engine/common/utf8.h"
+#include "engine/runtime/training_checkpoint.h"
 
 namespace slide {
 namespace {
@@ -34,6 +35,21 @@ const char* JobStateName(JobState s) {
   return "?";
 }
 
+Status ValidateJobName(const std::string& name) {
+  if (name.size() > kMaxJobNameBytes)
+    return InvalidArgument("job field 'name' is " + std::to_string(name.size()) + " bytes; at most " +
+                           std::to_string(kMaxJobNameBytes) + " are allowed");
+  if (!IsValidUtf8(name)) return InvalidArgument("job field 'name' is not valid UTF-8");
+  for (unsigned char ch : name)
+    if (ch < 0x20 || ch == 0x7f) return InvalidArgument("job field 'name' contains control characters");
+  return Status::Ok();
+}
+
+TrainingJobSpec JobManager::Confined(TrainingJobSpec spec) const {
+  spec.allowed_roots = options_.allowed_roots;  // the daemon's roots now, never a stored copy
+  return spec;
+}
+
 JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* problems) : options_(options) {
   if (options_.store != nullptr) {
     std::vector<std::string> bad;
@@ -44,8 +60,18 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
       job->next_seq = job->events.empty() ? 1 : job->events.back().seq + 1;
       const std::string id = job->record.id;
       if (!IsFinal(job->record.state)) {
+        // The work after the last checkpoint is lost: progress goes back to the checkpoint, and the steps run
+        // again are marked replayed for watchers.
+        auto checkpoint = ReadCheckpointInfo(job->record.spec.checkpoint_dir);
+        const int64_t resume_step = checkpoint.ok() && checkpoint.value() ? checkpoint.value()->step : 0;
+        job->replay_until = job->record.step;
+        job->record.step = resume_step;
         JobEventRecord e;
-        e.log = "daemon restarted: queued again; resumes from its last checkpoint if it has one";
+        e.log = "daemon restarted: queued again; resumes from " +
+                (resume_step > 0 ? "the checkpoint at step " + std::to_string(resume_step) : std::string("the start"));
+        if (job->replay_until > resume_step)
+          e.log += "; steps " + std::to_string(resume_step + 1) + ".." + std::to_string(job->replay_until) +
+                   " run again and are marked replayed";
         AddEvent(*job, e);
         if (job->record.state != JobState::kQueued) SetState(*job, JobState::kQueued);
         queue_.push_back(id);
@@ -119,9 +145,10 @@ void JobManager::SetState(Job& job, JobState s) {
 }
 
 StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {
-  // Validates the spec, then refuses what cannot fit now, with the numbers, rather than when the job reaches
-  // the engine.
-  SLIDE_ASSIGN_OR_RETURN(std::string plan, PlanTrainingJob(spec));
+  SLIDE_RETURN_IF_ERROR(ValidateJobName(name));
+  // Validates the spec and its paths, then refuses what cannot fit now, with the numbers, rather than when the
+  // job reaches the engine.
+  SLIDE_ASSIGN_OR_RETURN(std::string plan, PlanTrainingJob(Confined(spec)));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
   char id[32];
@@ -242,9 +269,10 @@ void JobManager::EngineLoop() {
       JobEventRecord e;
       e.kind = JobEventRecord::Kind::kMetrics;
       e.metrics = s;
+      e.replayed = s.step <= job->replay_until;
       AddEvent(*job, e);
     };
-    auto result = RunTrainingJob(job->record.spec, cb, &job->cancel, &job->suspend);
+    auto result = RunTrainingJob(Confined(job->record.spec), cb, &job->cancel, &job->suspend);
     std::lock_guard<std::mutex> lock(mu_);
     if (result.ok() && result->suspended) {
       JobEventRecord e;

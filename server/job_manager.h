@@ -26,7 +26,12 @@ struct JobManagerOptions {
   JobStore* store = nullptr;               // durable state; nullptr keeps jobs in memory only
   int64_t default_checkpoint_every = 100;  // for jobs that leave checkpoint_every at 0 (needs a store)
   JobObserver* observer = nullptr;         // metrics
+  std::vector<std::string> allowed_roots;  // every file a job opens must resolve under one of these (empty: any)
 };
+
+// Job names are shown in terminals and logs: bounded, valid UTF-8, no control characters.
+constexpr size_t kMaxJobNameBytes = 128;
+Status ValidateJobName(const std::string& name);
 
 class JobManager {
  public:
@@ -56,12 +61,14 @@ class JobManager {
     JobRecord record;
     std::deque<JobEventRecord> events;
     int64_t next_seq = 1;
+    int64_t replay_until = 0;  // after a restart: steps up to here ran before and are run again
     std::atomic<bool> cancel{false};
     std::atomic<bool> suspend{false};
   };
   void EngineLoop();
-  void AddEvent(Job& job, JobEventRecord e);  // mu_ held
-  void SetState(Job& job, JobState s);        // mu_ held
+  TrainingJobSpec Confined(TrainingJobSpec spec) const;  // with the daemon's allowed roots
+  void AddEvent(Job& job, JobEventRecord e);             // mu_ held
+  void SetState(Job& job, JobState s);                   // mu_ held
   void Persist(const Job& job);
   void PublishCounts();  // mu_ held  // mu_ held; a failing disk is logged, the job goes on
 

@@ -21,7 +21,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingJobSpec, model_dir, data
                                                 weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_eps, seed,
                                                 dataset_format, chat_template, sequence_mode, bad_lines, eval_fraction,
                                                 device, compute_dtype, gpu_budget_bytes, window, activation_placement,
-                                                log_every, checkpoint_dir, checkpoint_every)
+                                                log_every, checkpoint_dir, checkpoint_every, export_dtype,
+                                                allow_seq_len_beyond_model)
 
 namespace {
 
@@ -123,6 +124,7 @@ nlohmann::json EventToJson(const JobEventRecord& e) {
   switch (e.kind) {
     case JobEventRecord::Kind::kMetrics:
       j["metrics"] = e.metrics;
+      if (e.replayed) j["replayed"] = true;
       break;
     case JobEventRecord::Kind::kState:
       j["state"] = JobStateName(e.state);
@@ -140,6 +142,7 @@ StatusOr<JobEventRecord> EventFromJson(const nlohmann::json& j) {
   if (j.contains("metrics")) {
     e.kind = JobEventRecord::Kind::kMetrics;
     e.metrics = j.at("metrics").get<TrainingStepEvent>();
+    e.replayed = j.value("replayed", false);
   } else if (j.contains("state")) {
     e.kind = JobEventRecord::Kind::kState;
     SLIDE_ASSIGN_OR_RETURN(e.state, StateFromName(j.at("state").get<std::string>()));

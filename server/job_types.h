@@ -19,6 +19,7 @@ struct JobEventRecord {
   enum class Kind { kMetrics, kState, kLog } kind = Kind::kLog;
   int64_t seq = 0;
   TrainingStepEvent metrics;
+  bool replayed = false;  // a step run again after a restart resumed from an earlier checkpoint
   JobState state = JobState::kQueued;
   std::string log;
 };

@@ -109,13 +109,13 @@ int main(int argc, char** argv) {
   jm.store = &store;
   jm.default_checkpoint_every = config.checkpoint_every;
   jm.observer = &metrics;
+  jm.allowed_roots = config.allowed_roots;
   std::vector<std::string> problems;
   slide::JobManager jobs(jm, &problems);
   for (const auto& p : problems) std::fprintf(stderr, "slided: skipped unreadable job state: %s\n", p.c_str());
 
   slide::ServiceOptions so;
   so.token = config.token;
-  so.allowed_roots = config.allowed_roots;
   so.gpu_budget_bytes = config.gpu_budget_bytes;
   so.state_dir = config.state_dir;
   so.device = device;
@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + config.listen);
+  // Probes may ask for the whole server ("") or for the service by name.
+  server->GetHealthCheckService()->SetServingStatus(slide::v1::Slide::service_full_name(), true);
   server->GetHealthCheckService()->SetServingStatus(true);
   WritePortFile(port_file, port);
   WritePortFile(metrics_port_file, metrics_port);

@@ -1,7 +1,8 @@
 #include "server/slide_service.h"
 
+#include <cctype>
+
 #include "engine/runtime/device_info.h"
-#include "server/path_policy.h"
 
 namespace slide {
 namespace {
@@ -78,11 +79,11 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   s.dataset_path = p.dataset();
   s.output_dir = p.output_dir();
   if (p.steps() != 0) s.steps = p.steps();
-  if (p.epochs() != 0) s.epochs = p.epochs();
-  if (p.batch_size() != 0) s.batch_size = p.batch_size();
+  if (p.has_epochs()) s.epochs = p.epochs();
+  if (p.has_batch_size()) s.batch_size = p.batch_size();
   if (p.micro_batch_size() != 0) s.micro_batch_size = p.micro_batch_size();
-  if (p.seq_len() != 0) s.seq_len = p.seq_len();
-  if (p.lr() != 0) s.lr = p.lr();
+  if (p.has_seq_len()) s.seq_len = p.seq_len();
+  if (p.has_lr()) s.lr = p.lr();
   if (!p.lr_schedule().empty()) s.lr_schedule = p.lr_schedule();
   if (p.warmup_steps() != 0) s.warmup_steps = p.warmup_steps();
   if (p.weight_decay() != 0) s.weight_decay = p.weight_decay();
@@ -95,11 +96,12 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   s.eval_fraction = p.eval_fraction();
   if (!p.device().empty()) s.device = p.device();
   if (!p.compute_dtype().empty()) s.compute_dtype = p.compute_dtype();
-  if (p.gpu_budget_bytes() != 0) s.gpu_budget_bytes = p.gpu_budget_bytes();
+  if (p.has_gpu_budget_bytes()) s.gpu_budget_bytes = p.gpu_budget_bytes();
   s.window = p.window();
   if (!p.activation_placement().empty()) s.activation_placement = p.activation_placement();
   s.checkpoint_every = p.checkpoint_every();
   if (!p.export_dtype().empty()) s.export_dtype = p.export_dtype();
+  s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
   return s;
 }
 
@@ -108,10 +110,18 @@ grpc::Status SlideService::Authorize(grpc::ServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return {grpc::StatusCode::UNAUTHENTICATED, "this daemon requires a bearer token"};
-  const std::string got(it->second.data(), it->second.size()), want = "Bearer " + options_.token;
+  // "Bearer TOKEN", the scheme case-insensitive (RFC 7235).
+  const std::string got(it->second.data(), it->second.size());
+  const size_t space = got.find(' ');
+  std::string scheme = got.substr(0, space);
+  for (char& ch : scheme) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (space == std::string::npos || scheme != "bearer")
+    return {grpc::StatusCode::UNAUTHENTICATED, "the authorization header must be 'Bearer TOKEN'"};
+  const std::string token = got.substr(space + 1);
+  const std::string& want = options_.token;
   // Constant time in the token's content.
-  unsigned diff = got.size() != want.size();
-  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned>(i < got.size() ? got[i] ^ want[i] : 1);
+  unsigned diff = token.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned>(i < token.size() ? token[i] ^ want[i] : 1);
   if (diff != 0) return {grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token"};
   return grpc::Status::OK;
 }
@@ -121,13 +131,7 @@ grpc::Status SlideService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJ
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   if (draining_) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
   TrainingJobSpec spec = SpecFromProto(req->spec());
-  if (req->spec().gpu_budget_bytes() == 0) spec.gpu_budget_bytes = options_.gpu_budget_bytes;
-  for (const auto& [field, path] : {std::pair<const char*, const std::string&>{"model_dir", spec.model_dir},
-                                    {"dataset", spec.dataset_path},
-                                    {"output_dir", spec.output_dir}})
-    if (!path.empty()) {
-      if (Status st = CheckJobPath(field, path, options_.allowed_roots); !st.ok()) return ToGrpc(st);
-    }
+  if (!req->spec().has_gpu_budget_bytes()) spec.gpu_budget_bytes = options_.gpu_budget_bytes;
   auto r = jobs_.Submit(req->spec().name(), spec);
   if (!r.ok()) return ToGrpc(r.status());
   FillJob(r.value(), &req->spec(), resp->mutable_job());
@@ -211,6 +215,7 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           m->set_device_bytes(s.device_bytes);
           m->set_host_bytes(s.host_bytes);
           m->set_pinned_bytes(s.pinned_bytes);
+          m->set_replayed(e.replayed);
           break;
         }
       }

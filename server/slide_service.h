@@ -17,11 +17,10 @@ namespace slide {
 grpc::Status ToGrpc(const Status& s);
 
 struct ServiceOptions {
-  std::string token;                       // when set, every call must carry "authorization: Bearer <token>"
-  std::vector<std::string> allowed_roots;  // job paths must lie under these (empty: anywhere)
-  int64_t gpu_budget_bytes = 24ll << 30;   // for jobs that leave it at 0
-  std::string state_dir;                   // reported by GetServerStatus
-  DeviceInfo device;                       // reported by GetServerStatus
+  std::string token;                      // when set, every call must carry "authorization: Bearer <token>"
+  int64_t gpu_budget_bytes = 24ll << 30;  // for jobs that leave it at 0
+  std::string state_dir;                  // reported by GetServerStatus
+  DeviceInfo device;                      // reported by GetServerStatus
   std::string version = "0.1.0";
 };
 

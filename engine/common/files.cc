@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/common/path_confinement.h"
+
 namespace slide {
 namespace {
 Status Errno(const std::string& what, const std::string& path) {
@@ -43,16 +45,28 @@ Status RemoveTree(const std::string& path) {
 }
 
 StatusOr<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  SLIDE_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return Internal(path + ": read failed (" + std::strerror(e) + ")");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 Status WriteFileAtomic(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(tmp.c_str());  // a stale temporary, or a link planted there, is never written through
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Errno("cannot write", tmp);
   size_t done = 0;
   while (done < content.size()) {

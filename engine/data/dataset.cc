@@ -1,11 +1,15 @@
 #include "engine/data/dataset.h"
 
+#include <unistd.h>
+#include <ext/stdio_filebuf.h>
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
+#include "engine/common/path_confinement.h"
 #include "engine/common/utf8.h"
 
 namespace slide {
@@ -196,8 +200,12 @@ StatusOr<ChatTemplate> ParseChatTemplate(const std::string& n) {
 StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tokenizer, const DatasetOptions& o) {
   if (o.seq_len < 2) return InvalidArgument("seq_len must be at least 2");
   if (o.eval_fraction < 0 || o.eval_fraction >= 1) return InvalidArgument("eval_fraction must be in [0, 1)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open dataset");
+  // Resolved, confined and refused unless a regular file (a FIFO would block the engine thread forever).
+  auto fd = OpenRegularFile(path);
+  if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) return NotFound(path + ": cannot open dataset");
+  if (!fd.ok()) return fd.status().WithContext("dataset");
+  __gnu_cxx::stdio_filebuf<char> file(fd.value(), std::ios::in | std::ios::binary);  // closes the fd
+  std::istream in(&file);
   SampleBuilder builder(tokenizer, o);
   SLIDE_RETURN_IF_ERROR(builder.Init());
   int32_t pad =

@@ -656,11 +656,11 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
 
 StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/tokenizer_config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return TokenizerConfig{};
+  if (!PathExists(path)) return TokenizerConfig{};
+  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     return InvalidArgument(path + ": not valid JSON (" + e.what() + ")");
   }

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/common/files.h"
+
 namespace slide {
 namespace {
 
@@ -222,11 +224,11 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::str
 
 StatusOr<ModelConfig> LoadHfConfig(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open (model directory must hold a Hugging Face config.json)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseHfConfig(ss.str(), path);
+  auto text = ReadFileToString(path);
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound)
+    return NotFound(path + ": cannot open (model directory must hold a Hugging Face config.json)");
+  if (!text.ok()) return text.status();
+  return ParseHfConfig(text.value(), path);
 }
 
 }  // namespace slide

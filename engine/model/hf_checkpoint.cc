@@ -201,16 +201,15 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
       for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
     }
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    std::ofstream f(out / kIndexFile, std::ios::trunc);
-    f << index.dump(2) << "\n";
-    if (!f) return Internal((out / kIndexFile).string() + ": write failed");
+    SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / kIndexFile).string(), index.dump(2) + "\n"));
   }
 
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                            "generation_config.json", "vocab.json", "merges.txt"}) {
     if (!fs::exists(src / name)) continue;
-    fs::copy_file(src / name, out / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Internal((out / name).string() + ": copy failed (" + ec.message() + ")");
+    // Read through the job's file confinement: a tokenizer file linked out of the roots is refused, not copied.
+    SLIDE_ASSIGN_OR_RETURN(std::string content, ReadFileToString((src / name).string()));
+    SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / name).string(), content));
   }
   return Status::Ok();
 }

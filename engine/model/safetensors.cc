@@ -14,6 +14,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/common/path_confinement.h"
+
 namespace slide {
 namespace {
 
@@ -77,16 +79,11 @@ std::string SafetensorsDtypeName(c10::ScalarType dtype) {
 }
 
 StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return Status(e == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
-                  path + ": cannot open (" + std::strerror(e) + ")");
-  }
+  SLIDE_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    return InvalidArgument(path + ": not a regular file");
+    return Internal(path + ": fstat failed (" + std::strerror(errno) + ")");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
@@ -192,6 +189,7 @@ Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
 
   const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());  // a stale temporary, or a link planted there, is never written through
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return InvalidArgument(tmp + ": cannot create (" + std::strerror(errno) + ")");

@@ -65,15 +65,14 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
   return Status::Ok();
 }
 
-StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
-                                                               SlidingTrainer& trainer) {
+StatusOr<std::optional<CheckpointInfo>> ReadCheckpointInfo(const std::string& dir) {
   const std::string latest_path = dir + "/LATEST";
   if (!PathExists(latest_path)) return std::optional<CheckpointInfo>();
   SLIDE_ASSIGN_OR_RETURN(std::string latest, ReadFileToString(latest_path));
   while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
   if (latest.rfind("step-", 0) != 0 || latest.find('/') != std::string::npos)
     return DataLoss("checkpoint '" + latest_path + "' does not name a step directory");
-  const std::string step_dir = dir + "/" + latest, state_path = step_dir + "/state.json";
+  const std::string state_path = dir + "/" + latest + "/state.json";
 
   SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
   CheckpointInfo info;
@@ -92,6 +91,16 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
   }
   if (info.step < 0 || info.order_epoch < 0 || info.order_index < 0)
     return DataLoss("checkpoint '" + state_path + "' has negative counters");
+  info.step_dir = dir + "/" + latest;
+  return std::optional<CheckpointInfo>(std::move(info));
+}
+
+StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
+                                                               SlidingTrainer& trainer) {
+  SLIDE_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> read, ReadCheckpointInfo(dir));
+  if (!read) return read;
+  CheckpointInfo& info = *read;
+  const std::string step_dir = info.step_dir, state_path = step_dir + "/state.json";
   if (info.fingerprint != fingerprint)
     return FailedPrecondition("checkpoint '" + state_path + "' belongs to a different job (" + info.fingerprint +
                               ", this job is " + fingerprint + ")");

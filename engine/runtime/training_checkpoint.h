@@ -23,7 +23,11 @@ struct CheckpointInfo {
   int64_t order_epoch = 0, order_index = 0;  // BatchOrder::Position of the next batch
   double loss = 0;                           // loss of the last step
   std::string fingerprint;                   // the job (model shape, data, batch) it belongs to
+  std::string step_dir;                      // where it was read from (set by ReadCheckpointInfo)
 };
+
+// The newest checkpoint's state.json (LATEST's step directory) without its tensors: nullopt without LATEST.
+StatusOr<std::optional<CheckpointInfo>> ReadCheckpointInfo(const std::string& dir);
 
 // Waits for the trainer's updates, writes a new step directory, points LATEST at it and removes older ones.
 // The step must be newer than the one LATEST names (its directory is replaced first).

@@ -9,8 +9,11 @@
 #include <fstream>
 #include <string>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/common/files.h"
+#include "engine/common/path_confinement.h"
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/runtime/device_info.h"
@@ -65,6 +68,25 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   return r;
 }
 
+// The roots the job's file reads are confined to: the allowed roots plus the daemon's own checkpoint directory.
+std::vector<std::string> ConfinementRoots(const TrainingJobSpec& spec) {
+  std::vector<std::string> roots = spec.allowed_roots;
+  if (!roots.empty() && !spec.checkpoint_dir.empty()) roots.push_back(spec.checkpoint_dir);
+  return roots;
+}
+
+Status CheckSeqLenAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+  if (spec.allow_seq_len_beyond_model || spec.seq_len <= cfg.max_position_embeddings) return Status::Ok();
+  return InvalidArgument(
+      "job field 'seq_len' (" + std::to_string(spec.seq_len) + ") exceeds the model's max_position_embeddings (" +
+      std::to_string(cfg.max_position_embeddings) + "); set allow_seq_len_beyond_model to train beyond it");
+}
+
+Status Cancelled(const std::atomic<bool>* cancel, const char* phase) {
+  if (cancel == nullptr || !cancel->load()) return Status::Ok();
+  return Status(StatusCode::kCancelled, std::string("cancelled while preparing (") + phase + ")");
+}
+
 bool UsesCuda(const TrainingJobSpec& spec) { return spec.device == "cuda" || (spec.device == "auto" && at::hasCUDA()); }
 
 c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda) {
@@ -110,6 +132,8 @@ std::vector<MicroBatch> HeldOutBatches(const Dataset& ds, int64_t micro) {
 
 StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+  ScopedFileConfinement confine(ConfinementRoots(spec));
   try {
     const bool cuda = UsesCuda(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
@@ -132,7 +156,10 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
 
 StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+  ScopedFileConfinement confine(ConfinementRoots(spec));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
+  SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec, cfg));
   const bool cuda = UsesCuda(spec);
   TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
   o.compute_dtype = ComputeDtype(spec, cuda);
@@ -189,9 +216,28 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   return Status::Ok();
 }
 
+Status CheckTrainingJobPaths(const TrainingJobSpec& s) {
+  for (const auto& [field, path] : {std::pair<const char*, const std::string&>{"model_dir", s.model_dir},
+                                    {"dataset", s.dataset_path},
+                                    {"output_dir", s.output_dir}})
+    SLIDE_RETURN_IF_ERROR(CheckJobPath(field, path, s.allowed_roots));
+  struct stat st {};
+  // A dataset that is not there yet fails when the job opens it; one that is not a regular file never works.
+  if (Status dataset = CheckRegularFile(s.dataset_path); !dataset.ok() && dataset.code() != StatusCode::kNotFound)
+    return dataset.WithContext("job field 'dataset'");
+  if (::stat(s.output_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return InvalidArgument("job field 'output_dir': '" + s.output_dir +
+                           "' exists and is not a directory (the export needs a directory)");
+  return Status::Ok();
+}
+
 StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& cb,
                                         const std::atomic<bool>* cancel, const std::atomic<bool>* suspend) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+  // The export is written only after every step: a location that cannot take it fails the job now.
+  if (Status st = MakeDirs(spec.output_dir); !st.ok()) return st.WithContext("job field 'output_dir'");
+  ScopedFileConfinement confine(ConfinementRoots(spec));
   auto log = [&](const std::string& m) {
     if (cb.on_log) cb.on_log(m);
   };
@@ -203,7 +249,10 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
     const c10::ScalarType dtype = ComputeDtype(spec, cuda);
 
     SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
+    SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec, cfg));
+    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "model config read"));
     SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJobDataset(spec, cfg));
+    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "dataset tokenized"));
     log("dataset: " + std::to_string(ds.stats.samples) + " samples, " + std::to_string(ds.train.size()) +
         " training and " + std::to_string(ds.eval.size()) + " held-out sequences of " + std::to_string(spec.seq_len) +
         " tokens; " + std::to_string(ds.stats.skipped) + " lines skipped");
@@ -231,6 +280,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
     o.device = device;
     PlanRequest plan_request = MakePlanRequest(spec, cuda);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
+    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "weights loaded"));
     MemoryPlan plan;
     SLIDE_ASSIGN_OR_RETURN(auto trainer,
                            SlidingTrainer::Create(cfg, std::move(master), {.train = o}, plan_request, &plan));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/common/status.h"
 
@@ -17,12 +18,15 @@ struct TrainingJobSpec {
   std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
   std::string dataset_path;  // JSONL
   std::string output_dir;    // the export goes here
+  // Set by the daemon, not by users: every file the job opens must resolve under one of these (empty: anywhere).
+  std::vector<std::string> allowed_roots;
   // Hyperparameters.
   int64_t steps = 0;  // optimizer steps; 0 = derive from epochs
   int64_t epochs = 1;
   int64_t batch_size = 8;        // sequences per optimizer step
   int64_t micro_batch_size = 0;  // 0 = batch_size (no accumulation)
   int64_t seq_len = 512;
+  bool allow_seq_len_beyond_model = false;  // seq_len above the model's max_position_embeddings only when true
   double lr = 1e-5;
   std::string lr_schedule = "cosine";
   int64_t warmup_steps = 0;
@@ -52,6 +56,10 @@ struct TrainingJobSpec {
 
 // Validates ranges and names (not files): every message names the field.
 Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
+
+// The job's paths before anything is loaded: each inside allowed_roots, the dataset a regular file when it
+// exists (not a FIFO or a directory), output_dir a directory or not there yet. Errors name the field.
+Status CheckTrainingJobPaths(const TrainingJobSpec& spec);
 
 struct TrainingStepEvent {
   int64_t step = 0, total_steps = 0;

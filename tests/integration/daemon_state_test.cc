@@ -24,6 +24,7 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "slide/v1/slide.grpc.pb.h"
+#include "tests/integration/daemon_calls.h"
 #include "tests/integration/daemon_process.h"
 
 namespace {
@@ -33,73 +34,29 @@ namespace fs = std::filesystem;
 using slide::testing::Daemon;
 using slide::testing::DaemonOptions;
 using slide::testing::DemoJobSpec;
-
-std::string Submit(Daemon& d, const v1::JobSpec& spec, grpc::Status* status = nullptr) {
-  grpc::ClientContext c;
-  v1::SubmitJobRequest req;
-  *req.mutable_spec() = spec;
-  v1::SubmitJobResponse resp;
-  grpc::Status s = d.stub().SubmitJob(&c, req, &resp);
-  if (status != nullptr) *status = s;
-  return resp.job().id();
-}
-
-v1::Job Get(Daemon& d, const std::string& id) {
-  grpc::ClientContext c;
-  v1::GetJobRequest g;
-  g.set_id(id);
-  v1::GetJobResponse r;
-  EXPECT_TRUE(d.stub().GetJob(&c, g, &r).ok());
-  return r.job();
-}
-
-// Polls GetJob until `done` holds (or ~`seconds` pass); the last record.
-v1::Job WaitFor(Daemon& d, const std::string& id, const std::function<bool(const v1::Job&)>& done, int seconds) {
-  v1::Job j;
-  for (int i = 0; i < seconds * 20; ++i) {
-    j = Get(d, id);
-    if (done(j)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return j;
-}
-
-std::vector<v1::JobEvent> Events(Daemon& d, const std::string& id) {
-  grpc::ClientContext c;
-  c.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
-  v1::WatchJobRequest w;
-  w.set_id(id);
-  auto reader = d.stub().WatchJob(&c, w);
-  std::vector<v1::JobEvent> out;
-  v1::JobEvent e;
-  while (reader->Read(&e)) out.push_back(e);
-  const grpc::Status status = reader->Finish();
-  EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
-  return out;
-}
-
-grpc::health::v1::HealthCheckResponse::ServingStatus Health(Daemon& d) {
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()), grpc::InsecureChannelCredentials());
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext c;
-  grpc::health::v1::HealthCheckRequest req;
-  grpc::health::v1::HealthCheckResponse resp;
-  if (!stub->Check(&c, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
-  return resp.status();
-}
+using slide::testing::Events;
+using slide::testing::Get;
+using slide::testing::Health;
+using slide::testing::Submit;
+using slide::testing::WaitFor;
 
 // The step after the "resumed from the checkpoint at step N" log line, and the steps reported after it.
 struct Resume {
   int64_t from = -1;
   std::vector<int64_t> steps_after;
   std::vector<int64_t> steps_before;
+  std::vector<bool> replayed_after;  // the replayed mark of each of steps_after
+  std::string restart_log;           // the daemon's "restarted" line
 };
 Resume ReadResume(const std::vector<v1::JobEvent>& events) {
   Resume r;
   for (const auto& e : events) {
     if (e.has_log() && e.log().rfind("resumed from the checkpoint at step ", 0) == 0)
       r.from = std::stoll(e.log().substr(std::string("resumed from the checkpoint at step ").size()));
-    if (e.has_metrics()) (r.from < 0 ? r.steps_before : r.steps_after).push_back(e.metrics().step());
+    if (e.has_log() && e.log().rfind("daemon restarted", 0) == 0) r.restart_log = e.log();
+    if (!e.has_metrics()) continue;
+    (r.from < 0 ? r.steps_before : r.steps_after).push_back(e.metrics().step());
+    if (r.from >= 0) r.replayed_after.push_back(e.metrics().replayed());
   }
   return r;
 }
@@ -124,6 +81,7 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   ASSERT_TRUE(second.stub().ListJobs(&c, lr, &list).ok());
   ASSERT_EQ(list.jobs_size(), 1);
   EXPECT_EQ(list.jobs(0).id(), id);
+  const int64_t listed_after_restart = list.jobs(0).step();
 
   const v1::Job done = WaitFor(
       second, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 300);
@@ -139,6 +97,19 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   EXPECT_EQ(r.steps_after.back(), 40);
   // The events from before the kill survived it (durable tail).
   EXPECT_GE(static_cast<int64_t>(r.steps_before.size()), before_kill - 1);
+  // Progress went back to the checkpoint; the steps run a second time are marked replayed, the rest are not.
+  const int64_t reached = *std::max_element(r.steps_before.begin(), r.steps_before.end());
+  EXPECT_NE(r.restart_log.find("resumes from the checkpoint at step " + std::to_string(r.from)), std::string::npos)
+      << r.restart_log;
+  EXPECT_GE(listed_after_restart, r.from);
+  EXPECT_LE(listed_after_restart, reached);
+  if (reached > r.from)
+    EXPECT_NE(r.restart_log.find("steps " + std::to_string(r.from + 1) + ".." + std::to_string(reached) +
+                                 " run again and are marked replayed"),
+              std::string::npos)
+        << r.restart_log;
+  for (size_t i = 0; i < r.steps_after.size(); ++i)
+    EXPECT_EQ(r.replayed_after[i], r.steps_after[i] <= reached) << "step " << r.steps_after[i];
   EXPECT_TRUE(fs::exists(done.export_dir() + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(second.state_dir() + "/jobs/" + id + "/checkpoint"));  // removed after success
 

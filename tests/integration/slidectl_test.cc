@@ -85,15 +85,24 @@ TEST(Slidectl, SubmitFollowListGetCancel) {
 TEST(Slidectl, ExitCodesAndOneLineErrors) {
   Daemon d;
   const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
-  CliResult r = Slidectl(addr + " submit " + WriteJob(d, "bad", 5, "batch_size: many\n"));
+  CliResult r = Slidectl(addr + " submit " + WriteJob(d, "bad", 5, "epochs: many\n"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("field 'batch_size' has the wrong type ('many')"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("field 'epochs' has the wrong type ('many')"), std::string::npos) << r.out;
   r = Slidectl(addr + " submit " + WriteJob(d, "typo", 5, "learning_rate: 0.1\n"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find(":12: unknown field 'learning_rate'"), std::string::npos) << r.out;
   r = Slidectl(addr + " submit " + WriteJob(d, "invalid", 5, "micro_batch_size: 5\n"));
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "slidectl: job field 'micro_batch_size' must divide batch_size (16)\n");
+  // A key given twice, and an explicit zero where zero means nothing, are errors (not silent defaults).
+  r = Slidectl(addr + " submit " + WriteJob(d, "twice", 5, "steps: 7\n"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(":12: field 'steps' is given twice"), std::string::npos) << r.out;
+  std::ofstream(d.Path("zero-batch.yaml")) << "model_dir: " << SLIDE_SOURCE_DIR << "/deploy/demo/model\n"
+                                           << "dataset: x.jsonl\noutput_dir: out\nbatch_size: 0\n";
+  r = Slidectl(addr + " submit " + d.Path("zero-batch.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: job field 'batch_size' must be >= 1\n");
   r = Slidectl(addr + " submit /nonexistent/job.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("cannot open job file"), std::string::npos) << r.out;
@@ -109,8 +118,9 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("/nonexistent/model/config.json"), std::string::npos) << r.out;
   // A failing job: exit 1 with the daemon's error.
-  std::ofstream(d.Path("broken.yaml")) << "model_dir: " << SLIDE_SOURCE_DIR << "/deploy/demo/model\n"
-                                       << "dataset: missing.jsonl\noutput_dir: out\nsteps: 2\ndevice: cpu\n";
+  std::ofstream(d.Path("broken.yaml"))
+      << "model_dir: " << SLIDE_SOURCE_DIR << "/deploy/demo/model\n"
+      << "dataset: missing.jsonl\noutput_dir: out\nsteps: 2\nseq_len: 32\ndevice: cpu\n";
   r = Slidectl(addr + " submit " + d.Path("broken.yaml") + " --follow");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("error: NOT_FOUND: " + d.Path("missing.jsonl") + ": cannot open dataset"), std::string::npos)

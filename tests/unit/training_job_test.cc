@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -123,6 +124,52 @@ TEST(TrainingJob, BadPathsAndDataFailTheJob) {
   s.gpu_budget_bytes = 1 << 16;  // too small for the plan
   r = RunTrainingJob(s, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+}
+
+// A cancel that arrives while the job loads (the daemon's PREPARING state) stops it before any step.
+TEST(TrainingJob, CancelWhilePreparingStopsBeforeAnyStep) {
+  testing::TempDir out;
+  std::atomic<bool> cancel{true};
+  int steps = 0;
+  TrainingCallbacks cb;
+  cb.on_step = [&](const TrainingStepEvent&) { ++steps; };
+  auto r = RunTrainingJob(DemoSpec(out), cb, &cancel);
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  ExpectContains(r.status().message(), "cancelled while preparing");
+  EXPECT_EQ(steps, 0);
+}
+
+// Every file a confined job reads must resolve inside the roots: a tokenizer linked out of them is refused
+// without its bytes being read, and an output path that is a file fails before training.
+TEST(TrainingJob, ConfinedJobsOpenNothingOutsideTheRoots) {
+  testing::TempDir root, outside;
+  const std::string secret = outside.File("secret");
+  std::ofstream(secret) << "TOPSECRET";
+  TrainingJobSpec s = DemoSpec(root);
+  const std::string model = root.File("model");
+  std::filesystem::create_directories(model);
+  for (const auto& e : std::filesystem::directory_iterator(s.model_dir))
+    std::filesystem::copy_file(e.path(), model + "/" + e.path().filename().string());
+  std::filesystem::remove(model + "/tokenizer.json");
+  std::filesystem::create_symlink(secret, model + "/tokenizer.json");
+  std::filesystem::copy_file(s.dataset_path, root.File("train.jsonl"));
+  s.model_dir = model;
+  s.dataset_path = root.File("train.jsonl");
+  s.allowed_roots = {root.path()};
+  auto r = RunTrainingJob(s, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  ExpectContains(r.status().message(), model + "/tokenizer.json: resolves to '");
+  EXPECT_EQ(r.status().message().find("TOPSECRET"), std::string::npos);
+
+  s.allowed_roots.clear();  // unconfined, the same link is read (and is not a tokenizer)
+  r = RunTrainingJob(s, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+
+  s = DemoSpec(root);
+  s.output_dir = secret;  // a file
+  r = RunTrainingJob(s, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  ExpectContains(r.status().message(), "exists and is not a directory");
 }
 
 TEST(TrainingJob, CancelStopsAtAStepBoundary) {

@@ -1,0 +1,253 @@
+// Bad input an outside tester tried against the real slided: files linked out of the allowed roots, FIFOs and
+// directories where files belong, an output path that is a file, meaningless zeros, sequences beyond the
+// model, odd job names, bad listen addresses, an empty token file, the bearer scheme's case and the health
+// service by name. Each is refused with the field or file named, and the daemon carries on.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/integration/daemon_calls.h"
+#include "tests/integration/daemon_process.h"
+
+namespace {
+
+namespace v1 = slide::v1;
+namespace fs = std::filesystem;
+using slide::testing::Daemon;
+using slide::testing::DaemonOptions;
+using slide::testing::DemoJobSpec;
+using slide::testing::Get;
+using slide::testing::Health;
+using slide::testing::Submit;
+using slide::testing::WaitFor;
+using Serving = grpc::health::v1::HealthCheckResponse;
+
+const std::string kDemo = std::string(SLIDE_SOURCE_DIR) + "/deploy/demo";
+
+bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A copy of the demo model in `dir`, with `linked` (if any) a symlink to `target` instead of a copy.
+void CopyDemoModel(const fs::path& dir, const std::string& linked = "", const std::string& target = "") {
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(kDemo + "/model")) {
+    const std::string name = entry.path().filename().string();
+    if (name == linked) {
+      fs::create_symlink(target, dir / name);
+    } else {
+      fs::copy_file(entry.path(), dir / name);
+    }
+  }
+}
+
+v1::Job WaitFinal(Daemon& d, const std::string& id) {
+  return WaitFor(
+      d, id,
+      [](const v1::Job& j) {
+        return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+      },
+      120);
+}
+
+class Scratch {
+ public:
+  explicit Scratch(const std::string& tag)
+      : dir_(fs::temp_directory_path() / ("slided-" + tag + "-" + std::to_string(getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path operator/(const std::string& name) const { return dir_ / name; }
+  std::string str() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+};
+
+TEST(BadInput, FilesLinkedOutOfTheRootsAreNeverOpened) {
+  Scratch root("links"), outside("outside");
+  const std::string secret = (outside / "secret.txt").string();
+  std::ofstream(secret) << "TOPSECRET: not JSON and not a model\n";
+  std::ofstream(root / "train.jsonl") << std::ifstream(kDemo + "/train.jsonl").rdbuf();
+  CopyDemoModel(root / "weights-linked", "model.safetensors", kDemo + "/model/model.safetensors");
+  CopyDemoModel(root / "tokenizer-linked", "tokenizer.json", secret);
+  CopyDemoModel(root / "config-linked", "config.json", secret);
+  const std::string config = (root / "slided.yaml").string();
+  std::ofstream(config) << "security:\n  allowed_roots: [" << root.str() << "]\n";
+  Daemon d(DaemonOptions{.extra_args = {"--config", config}});
+  ASSERT_GT(d.port(), 0) << d.Log();
+
+  auto spec_for = [&](const std::string& model) {
+    v1::JobSpec s = DemoJobSpec((root / ("out-" + model)).string(), 3);
+    s.set_model_dir((root / model).string());
+    s.set_dataset((root / "train.jsonl").string());
+    return s;
+  };
+  // config.json is read at submission (the memory plan): refused there, its bytes unread.
+  grpc::Status s;
+  Submit(d, spec_for("config-linked"), &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "outside the allowed roots")) << s.error_message();
+  EXPECT_FALSE(Contains(s.error_message(), "TOPSECRET")) << s.error_message();
+
+  // The weights and the tokenizer are read when the job runs: the job fails naming the file, nothing is trained.
+  for (const std::string model : {"weights-linked", "tokenizer-linked"}) {
+    const std::string id = Submit(d, spec_for(model), &s);
+    ASSERT_TRUE(s.ok()) << model << ": " << s.error_message();
+    const v1::Job job = WaitFinal(d, id);
+    EXPECT_EQ(job.state(), v1::FAILED) << model;
+    EXPECT_EQ(job.step(), 0) << model;
+    EXPECT_TRUE(Contains(job.error(), "outside the allowed roots")) << job.error();
+    EXPECT_FALSE(Contains(job.error(), "TOPSECRET")) << job.error();
+    EXPECT_FALSE(fs::exists(root / ("out-" + model) / "model.safetensors")) << model;
+  }
+  // A clean copy inside the roots still trains.
+  CopyDemoModel(root / "clean");
+  const std::string ok = Submit(d, spec_for("clean"), &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(WaitFinal(d, ok).state(), v1::SUCCEEDED);
+  EXPECT_EQ(Health(d), Serving::SERVING);
+}
+
+TEST(BadInput, FifosDirectoriesAndFileOutputsAreRefusedAtSubmission) {
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  const std::string fifo = d.Path("fifo.jsonl");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  grpc::Status s;
+  v1::JobSpec spec = DemoJobSpec(d.Path("export"), 2);
+  spec.set_dataset(fifo);
+  Submit(d, spec, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(s.error_message(), "job field 'dataset': " + fifo + ": is a FIFO")) << s.error_message();
+
+  spec = DemoJobSpec(d.Path("export"), 2);
+  spec.set_dataset(d.Path(""));
+  Submit(d, spec, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(s.error_message(), "is a directory")) << s.error_message();
+
+  std::ofstream(d.Path("out-file")) << "not a directory\n";
+  spec = DemoJobSpec(d.Path("out-file"), 2);
+  Submit(d, spec, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(s.error_message(), "job field 'output_dir'")) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "exists and is not a directory")) << s.error_message();
+  EXPECT_EQ(Health(d), Serving::SERVING);
+}
+
+// A dataset replaced by a FIFO after submission: the job's open() must not block the engine thread; the job
+// fails naming the file and the next job runs.
+TEST(BadInput, AFifoSwappedInAfterSubmissionFailsOnlyItsJob) {
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  v1::JobSpec first = DemoJobSpec(d.Path("export-1"), 400);  // long enough to swap the file under the second
+  const std::string running = Submit(d, first);
+  ASSERT_FALSE(running.empty());
+  const std::string data = d.Path("later.jsonl");
+  std::ofstream(data) << std::ifstream(kDemo + "/train.jsonl").rdbuf();
+  v1::JobSpec second = DemoJobSpec(d.Path("export-2"), 2);
+  second.set_dataset(data);
+  grpc::Status s;
+  const std::string swapped = Submit(d, second, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string third = Submit(d, DemoJobSpec(d.Path("export-3"), 2));
+  fs::remove(data);
+  ASSERT_EQ(mkfifo(data.c_str(), 0600), 0);
+
+  grpc::ClientContext c;
+  v1::CancelJobRequest cancel;
+  cancel.set_id(running);
+  v1::CancelJobResponse cancelled;
+  ASSERT_TRUE(d.stub().CancelJob(&c, cancel, &cancelled).ok());
+  const v1::Job failed = WaitFinal(d, swapped);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(failed.error(), data + ": is a FIFO, not a regular file")) << failed.error();
+  EXPECT_EQ(WaitFinal(d, third).state(), v1::SUCCEEDED);
+}
+
+TEST(BadInput, ExplicitZerosLongSequencesAndOddNamesAreRefused) {
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  auto refused = [&](const std::function<void(v1::JobSpec&)>& change, const std::string& message) {
+    v1::JobSpec spec = DemoJobSpec(d.Path("export"), 2);
+    change(spec);
+    grpc::Status s;
+    Submit(d, spec, &s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_TRUE(Contains(s.error_message(), message)) << s.error_message();
+  };
+  refused([](v1::JobSpec& s) { s.set_batch_size(0); }, "job field 'batch_size' must be >= 1");
+  refused([](v1::JobSpec& s) { s.set_seq_len(0); }, "job field 'seq_len' must be in [2, 1048576]");
+  refused([](v1::JobSpec& s) { s.set_lr(0); }, "job field 'lr' must be in (0, 1)");
+  refused([](v1::JobSpec& s) { s.set_gpu_budget_bytes(0); }, "job field 'gpu_budget_bytes' must be > 0");
+  refused([](v1::JobSpec& s) { s.set_steps(0), s.set_epochs(0); }, "job field 'epochs' must be > 0");
+  // The demo model was trained for 256 positions.
+  refused([](v1::JobSpec& s) { s.set_seq_len(512); },
+          "job field 'seq_len' (512) exceeds the model's max_position_embeddings (256)");
+  refused([](v1::JobSpec& s) { s.set_name(std::string(129, 'n')); }, "job field 'name' is 129 bytes");
+  refused([](v1::JobSpec& s) { s.set_name("evil\x1b[2Jname"); }, "job field 'name' contains control characters");
+
+  // Asked for explicitly, a longer sequence is accepted.
+  v1::JobSpec longer = DemoJobSpec(d.Path("export"), 1);
+  longer.set_seq_len(512);
+  longer.set_allow_seq_len_beyond_model(true);
+  longer.set_name(std::string(128, 'n'));
+  grpc::Status s;
+  const std::string id = Submit(d, longer, &s);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(WaitFinal(d, id).state(), v1::SUCCEEDED);
+}
+
+TEST(BadInput, BadListenAddressesAndAnEmptyTokenFileStopTheStart) {
+  Scratch dir("listen");
+  auto start_fails = [&](std::vector<std::string> args, const std::string& message) {
+    Daemon d(DaemonOptions{.extra_args = std::move(args), .wait_for_port = false});
+    EXPECT_EQ(d.WaitExit(20), 2) << message;
+    EXPECT_TRUE(Contains(d.Log(), message)) << d.Log();
+    EXPECT_FALSE(Contains(d.Log(), "bearer token")) << d.Log();
+  };
+  start_fails({"--listen", "127.0.0.1:99999"}, "port '99999' is not a number in 0..65535");
+  start_fails({"--listen", "localhost"}, "needs HOST:PORT");
+  start_fails({"--listen", "no-such-host.invalid:50151"}, "cannot resolve host 'no-such-host.invalid'");
+  start_fails({"--metrics-listen", "127.0.0.1:70000"}, "server.metrics_listen");
+
+  const std::string empty = (dir / "token").string();
+  std::ofstream(empty) << "\n";
+  const std::string config = (dir / "slided.yaml").string();
+  std::ofstream(config) << "security:\n  token_file: " << empty << "\n";
+  start_fails({"--config", config}, "config field 'security.token_file': '" + empty + "' holds no token");
+
+  const std::string twice = (dir / "twice.yaml").string();
+  std::ofstream(twice) << "jobs:\n  checkpoint_every: 5\n  checkpoint_every: 7\n";
+  start_fails({"--config", twice}, twice + ":3:3: jobs.checkpoint_every: duplicate key");
+}
+
+TEST(BadInput, BearerSchemeIsCaseInsensitiveAndHealthKnowsTheService) {
+  Daemon d(DaemonOptions{.token_env = "s3cret"});
+  ASSERT_GT(d.port(), 0) << d.Log();
+  auto status_with = [&](const std::string& header) {
+    grpc::ClientContext c;
+    c.AddMetadata("authorization", header);
+    v1::GetServerStatusRequest r;
+    v1::ServerStatus s;
+    return d.stub().GetServerStatus(&c, r, &s).error_code();
+  };
+  EXPECT_EQ(status_with("bearer s3cret"), grpc::StatusCode::OK);
+  EXPECT_EQ(status_with("BEARER s3cret"), grpc::StatusCode::OK);
+  EXPECT_EQ(status_with("Bearer s3cret"), grpc::StatusCode::OK);
+  EXPECT_EQ(status_with("Basic s3cret"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status_with("bearer S3cret"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status_with("s3cret"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Health(d), Serving::SERVING);
+  EXPECT_EQ(Health(d, "slide.v1.Slide"), Serving::SERVING);
+}
+
+}  // namespace

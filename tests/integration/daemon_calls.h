@@ -1,0 +1,76 @@
+// gRPC calls the daemon integration tests share: submit, get, poll until a condition, read every event of a
+// job, ask the health service.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "slide/v1/slide.grpc.pb.h"
+#include "tests/integration/daemon_process.h"
+
+namespace slide::testing {
+
+inline std::string Submit(Daemon& d, const v1::JobSpec& spec, grpc::Status* status = nullptr) {
+  grpc::ClientContext c;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobResponse resp;
+  grpc::Status s = d.stub().SubmitJob(&c, req, &resp);
+  if (status != nullptr) *status = s;
+  return resp.job().id();
+}
+
+inline v1::Job Get(Daemon& d, const std::string& id) {
+  grpc::ClientContext c;
+  v1::GetJobRequest g;
+  g.set_id(id);
+  v1::GetJobResponse r;
+  EXPECT_TRUE(d.stub().GetJob(&c, g, &r).ok());
+  return r.job();
+}
+
+// Polls GetJob until `done` holds (or ~`seconds` pass); the last record.
+inline v1::Job WaitFor(Daemon& d, const std::string& id, const std::function<bool(const v1::Job&)>& done, int seconds) {
+  v1::Job j;
+  for (int i = 0; i < seconds * 20; ++i) {
+    j = Get(d, id);
+    if (done(j)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return j;
+}
+
+inline std::vector<v1::JobEvent> Events(Daemon& d, const std::string& id) {
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  v1::WatchJobRequest w;
+  w.set_id(id);
+  auto reader = d.stub().WatchJob(&c, w);
+  std::vector<v1::JobEvent> out;
+  v1::JobEvent e;
+  while (reader->Read(&e)) out.push_back(e);
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  return out;
+}
+
+// The health service's answer for `service` ("" = the whole server).
+inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(Daemon& d, const std::string& service = "") {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()), grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext c;
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!stub->Check(&c, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
+}  // namespace slide::testing
