@@ -7,6 +7,8 @@
 #   bench/run_gpu.sh large   8B at batch 8 and 16
 #   bench/run_gpu.sh daemon  slided on the GPU: kill -9 / SIGTERM resume and the 50-watcher load figure
 #   bench/run_gpu.sh extra   3B window (prefetch depth) 1 and 4; checkpoint cost of a 1B job through slided
+#   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
+#                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
 phase=${1:-build}
 OUT=${OUT:-$PWD/gpu-out}
@@ -14,7 +16,40 @@ mkdir -p "$OUT"
 source .gpu-debs/gpu-env.sh .gpu-debs > "$OUT/env-$phase.log" 2>&1
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 run() { timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"1x H200, 16 cores\", /" >> "$OUT/bench.jsonl"; }
+# bench ARGS...: sliding_bench with the last step's trace summarised into bench.jsonl (TAG names the trace file).
+traced() {
+  local tag=$1; shift
+  SLIDE_TRACE_OUT="$OUT/trace-$tag.json" run 240 build-gpu/bench/sliding_bench "$@"
+  [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
+}
 case "$phase" in
+  engine2)
+    gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
+    cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    cmake --build build-gpu -j 16 --target engine_tests sliding_bench > "$OUT/build.log" 2>&1 \
+      || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+    echo "build ok $(date +%T)"
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    grep -E 'OK|FAILED|PASSED|SKIPPED' "$OUT/gpu_tests.log" | head -20
+    for ref in "4096 14336 32 8 32 1024" "4096 14336 32 8 8 1024" "3072 8192 24 8 8 1024"; do
+      timeout 90 python3 bench/hf_layer_reference.py $ref >> "$OUT/bench.jsonl" 2>>"$OUT/bench.err"; done
+    echo "reference ok $(date +%T)"
+    traced 8b-b32-clip llama-8b 32 1024 2 2 cuda 1.0
+    traced 3b-b8-clip llama-3b 8 1024 3 2 cuda 1.0
+    traced 3b-b8-noclip llama-3b 8 1024 3 2 cuda 0
+    traced 8b-b32-noclip llama-8b 32 1024 2 2 cuda 0
+    traced 3b-b16-clip llama-3b 16 1024 3 2 cuda 1.0
+    rm -f "$OUT"/trace-3b-b16-clip.json "$OUT"/trace-3b-b8-noclip.json "$OUT"/trace-8b-b32-noclip.json ;;
+  engine2b)
+    [ -x build-gpu/bench/sliding_bench ] || { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1; \
+      cmake --build build-gpu -j 16 --target sliding_bench > "$OUT/build.log" 2>&1 || exit 1; }
+    traced 8b-b16-clip llama-8b 16 1024 2 2 cuda 1.0
+    traced 8b-b8-clip llama-8b 8 1024 2 2 cuda 1.0
+    traced 8b-b8-noclip llama-8b 8 1024 2 2 cuda 0
+    traced 8b-b16-noclip llama-8b 16 1024 2 2 cuda 0
+    traced 3b-b16-noclip llama-3b 16 1024 3 2 cuda 0
+    traced qwen25-7b-b16 bench/configs/qwen2.5-7b 16 1024 2 2 cuda 1.0
+    rm -f "$OUT"/trace-*.json ;;
   build)
     gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; lscpu | grep -E 'Model name|^CPU\(s\)|avx512f' | cut -c1-120; free -g; } > "$OUT/hardware.txt" 2>&1

@@ -2,7 +2,9 @@
 // Usage: sliding_bench SHAPE BATCH [SEQ=1024] [STEPS=3] [WINDOW=2] [DEVICE=cuda] [MAX_GRAD_NORM=1.0]
 //   MAX_GRAD_NORM 0 disables clipping (updates then overlap the backward): the pair measures what exact
 //   clipping costs.
-//   SHAPE: llama-1b | llama-3b | llama-8b | tiny
+//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, or a Hugging Face model directory (its config.json gives the
+//   shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
+// SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -13,13 +15,13 @@
 #include <string>
 
 #include "bench/llama_shapes.h"
+#include "engine/common/files.h"
 #include "engine/memory/memory_plan.h"
+#include "engine/model/config.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
 
 using namespace slide;
-
-namespace {}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -35,7 +37,18 @@ int main(int argc, char** argv) {
   const double max_grad_norm = argc > 7 ? std::atof(argv[7]) : 1.0;
   const c10::Device device = dev == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 
-  ModelConfig cfg = bench::LlamaShape(shape);
+  ModelConfig cfg;
+  if (PathExists(shape + "/config.json")) {
+    auto loaded = LoadHfConfig(shape);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "sliding_bench: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    cfg = loaded.value();
+  } else {
+    cfg = bench::LlamaShape(shape);
+  }
+  const char* trace_out = std::getenv("SLIDE_TRACE_OUT");
   PlanRequest plan_request;
   plan_request.model = cfg;
   plan_request.micro_batch = batch;
@@ -56,9 +69,12 @@ int main(int argc, char** argv) {
   o.device = device;
   o.loss.chunk_tokens = 4096;
   const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
-  SlidingTrainer trainer(
-      cfg, std::move(init),
-      {.train = o, .window = window, .checkpoints_on_host = false, .device_budget_bytes = gpu_budget});
+  SlidingTrainer trainer(cfg, std::move(init),
+                         {.train = o,
+                          .window = window,
+                          .checkpoints_on_host = false,
+                          .device_budget_bytes = gpu_budget,
+                          .trace = trace_out != nullptr});
 
   auto batch_for = [&](int64_t s) {
     at::manual_seed(s);
@@ -77,6 +93,12 @@ int main(int argc, char** argv) {
         sum.wait_update += b.wait_update;
   }
   trainer.WaitForUpdates();  // drain the last step's updates so their time counts
+  if (trace_out != nullptr && !trainer.last_trace().empty()) {
+    double origin = trainer.last_trace().front().t0;
+    for (const auto& span : trainer.last_trace()) origin = std::min(origin, span.t0);
+    if (Status st = WriteFileAtomic(trace_out, ToChromeTrace(trainer.last_trace(), origin)); !st.ok())
+      std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
+  }
   const DeviceAllocatorStats after_last = ReadDeviceAllocatorStats();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double tokens = double(batch) * seq * steps;
@@ -86,6 +108,7 @@ int main(int argc, char** argv) {
   const double tflops = (6.0 * n * tokens + attn) / secs / 1e12;
   const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
+  sum.step = secs / steps;
   const char* bound = sum.Bound();
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
@@ -96,15 +119,17 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
-      "\"bounded_by\": \"%s\", \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": {\"reserved_after_step1\": "
+      "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
+      "{\"reserved_after_step1\": "
       "%lld, \"reserved_after_last\": %lld, \"cudamalloc_calls_after_step1\": %lld, \"cudamalloc_calls_after_last\": "
       "%lld, \"alloc_retries\": %lld, \"ooms\": %lld}, \"note\": \"device compute/h2d/d2h busy from CUDA "
-      "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates\"}\n",
+      "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
+      "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
-      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, loss, (long long)gpu_budget,
-      (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
+      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, sum.OverlapRatio(), loss,
+      (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
       (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
       (long long)after_last.alloc_retries, (long long)after_last.ooms);
   return 0;

@@ -17,10 +17,6 @@
 #endif
 
 namespace slide {
-namespace {
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-}  // namespace
-
 #if SLIDE_HAVE_CUDA
 struct DeviceQueue::Cuda {
   using Event = c10::cuda::CUDAEvent;
@@ -46,9 +42,16 @@ struct DeviceQueue::Cuda {
     e->record(s);
     return e;
   }
-  static double Sum(std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>>& v) {
+  // Seconds in the segments; with `spans`, each segment on the host clock: `end` completed at `end_host`.
+  static double Sum(std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>>& v, const char* lane,
+                    std::vector<TraceSpan>* spans, Event* end, double end_host) {
     double ms = 0;
-    for (auto& [a, b] : v) ms += a->elapsed_time(*b);
+    for (auto& [a, b] : v) {
+      ms += a->elapsed_time(*b);
+      if (spans != nullptr)
+        spans->push_back({lane, lane + 4, end_host - b->elapsed_time(*end) / 1e3 - a->elapsed_time(*b) / 1e3,
+                          end_host - b->elapsed_time(*end) / 1e3});
+    }
     v.clear();
     return ms / 1e3;
   }
@@ -96,9 +99,10 @@ void DeviceQueue::LoadSlot(int slot, at::Tensor dst, const at::Tensor& src) {
     return;
   }
 #endif
-  const double t0 = Now();
+  const double t0 = TraceNow();
   dst.copy_(src);
-  cpu_busy_.h2d += Now() - t0;
+  cpu_busy_.h2d += TraceNow() - t0;
+  cpu_spans_.push_back({"gpu.h2d", "h2d", t0, TraceNow()});
 }
 
 void DeviceQueue::UseSlot(int slot) {
@@ -132,9 +136,10 @@ std::function<void()> DeviceQueue::Offload(at::Tensor dst, const at::Tensor& src
     return [done] { done->synchronize(); };
   }
 #endif
-  const double t0 = Now();
+  const double t0 = TraceNow();
   dst.copy_(src);
-  cpu_busy_.d2h += Now() - t0;
+  cpu_busy_.d2h += TraceNow() - t0;
+  cpu_spans_.push_back({"gpu.d2h", "d2h", t0, TraceNow()});
   return [] {};
 }
 
@@ -145,7 +150,7 @@ void DeviceQueue::BeginCompute() {
     return;
   }
 #endif
-  compute_t0_ = Now();
+  compute_t0_ = TraceNow();
 }
 
 void DeviceQueue::EndCompute() {
@@ -155,20 +160,28 @@ void DeviceQueue::EndCompute() {
     return;
   }
 #endif
-  cpu_busy_.compute += Now() - compute_t0_;
+  cpu_busy_.compute += TraceNow() - compute_t0_;
+  cpu_spans_.push_back({"gpu.compute", "compute", compute_t0_, TraceNow()});
 }
 
-QueueBusy DeviceQueue::TakeBusy() {
+QueueBusy DeviceQueue::TakeBusy(std::vector<TraceSpan>* spans) {
 #if SLIDE_HAVE_CUDA
   if (cuda_) {
     c10::cuda::device_synchronize();
+    // Every event has completed; one recorded now completes at once, which pins the device clock to the host's.
+    Cuda::Event end(cudaEventDefault);
+    end.record(cuda_->compute);
+    end.synchronize();
+    const double end_host = TraceNow();
     QueueBusy b;
-    b.compute = Cuda::Sum(cuda_->t_compute);
-    b.h2d = Cuda::Sum(cuda_->t_h2d);
-    b.d2h = Cuda::Sum(cuda_->t_d2h);
+    b.compute = Cuda::Sum(cuda_->t_compute, "gpu.compute", spans, &end, end_host);
+    b.h2d = Cuda::Sum(cuda_->t_h2d, "gpu.h2d", spans, &end, end_host);
+    b.d2h = Cuda::Sum(cuda_->t_d2h, "gpu.d2h", spans, &end, end_host);
     return b;
   }
 #endif
+  if (spans != nullptr) spans->insert(spans->end(), cpu_spans_.begin(), cpu_spans_.end());
+  cpu_spans_.clear();
   return std::exchange(cpu_busy_, QueueBusy{});
 }
 

@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "engine/runtime/step_trace.h"
+
 namespace slide {
 
 struct QueueBusy {
@@ -44,8 +46,9 @@ class DeviceQueue {
   void BeginCompute();  // brackets a compute segment for busy-time accounting
   void EndCompute();
 
-  // Busy time since the last call; waits for the device to finish.
-  QueueBusy TakeBusy();
+  // Busy time since the last call; waits for the device to finish. With `spans`, also each compute, H2D and D2H
+  // segment on the host clock (lanes gpu.compute / gpu.h2d / gpu.d2h).
+  QueueBusy TakeBusy(std::vector<TraceSpan>* spans = nullptr);
 
  private:
   struct Cuda;
@@ -53,6 +56,7 @@ class DeviceQueue {
   std::vector<void*> registered_;
   int64_t pinned_bytes_ = 0;
   QueueBusy cpu_busy_;
+  std::vector<TraceSpan> cpu_spans_;  // the CPU device's segments (wall clock), for TakeBusy
   double compute_t0_ = 0;
 };
 

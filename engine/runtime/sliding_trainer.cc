@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -28,7 +29,12 @@ int64_t NowNs() {
 
 }  // namespace
 
+double ResourceBusy::MaxResource() const { return std::max({compute, h2d, d2h, cpu_update}); }
+
+double ResourceBusy::OverlapRatio() const { return MaxResource() > 0 ? step / MaxResource() : 0; }
+
 const char* ResourceBusy::Bound() const {
+  if (wait_update > 0.2 * step) return "update_dependency";
   const char* name = "gpu_compute";
   double most = compute;
   if (h2d > most) name = "h2d", most = h2d;
@@ -112,13 +118,27 @@ at::Tensor SlidingTrainer::SlotView(int64_t layer) {
   return slots_[layer % opts_.window].narrow(0, 0, layout_.layer(layer).numel);
 }
 
+void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
+  if (worker_->Idle(unit)) return;
+  const double t0 = TraceNow();
+  {
+    ScopedTimer t(busy_.wait_update);
+    worker_->Wait(unit);
+  }
+  if (opts_.trace) {
+    std::lock_guard<std::mutex> lock(trace_mu_);
+    pending_trace_.push_back({"engine.wait", std::string(why) + " " + std::to_string(unit), t0, TraceNow()});
+  }
+}
+
+void SlidingTrainer::Prefetch(int64_t layer) {
+  if (worker_->Idle(1 + layer)) EnsureLoaded(layer);
+}
+
 void SlidingTrainer::EnsureLoaded(int64_t layer) {
   const int64_t w = layer % opts_.window;
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
-  {
-    ScopedTimer t(busy_.wait_update);
-    worker_->Wait(1 + layer);
-  }
+  WaitForUnit(1 + layer, "load");
   queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer]);
   slot_layer_[w] = layer;
   slot_version_[w] = weights_version_;
@@ -131,10 +151,7 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   int64_t& version = head ? head_version_ : embed_version_;
   if (version == weights_version_) return;
   const size_t unit = head ? layout_.units.size() - 1 : 0;
-  {
-    ScopedTimer t(busy_.wait_update);
-    worker_->Wait(unit);
-  }
+  WaitForUnit(unit, "load");
   const int slot = static_cast<int>(opts_.window) + (head ? 1 : 0);
   queue_->LoadSlot(slot, head ? head_dev_ : embed_dev_, staging_[unit]);
   version = weights_version_;
@@ -174,10 +191,7 @@ void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool f
   const bool accumulate = accum_ > 1;
   if (last && !accumulate)
     device_sqnorm_.push_back(at::linalg_vector_norm(device_grad, 2, {}, false, at::kFloat).square());
-  {
-    ScopedTimer t(busy_.wait_update);
-    worker_->Wait(unit);  // the previous micro-batch's accumulation may still read the landing buffer
-  }
+  WaitForUnit(unit, "land");  // the previous micro-batch's accumulation may still read the landing buffer
   at::Tensor landing = LandingBuffer(unit);
   auto landed = queue_->Offload(landing, device_grad);
   if (!accumulate) {
@@ -230,6 +244,11 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     }
     if (copy_f32) staging_[unit].copy_(master_.units[unit]);
     update_ns_ += NowNs() - t0;
+    if (opts_.trace) {
+      std::lock_guard<std::mutex> lock(trace_mu_);
+      const double now = TraceNow();
+      pending_trace_.push_back({"update", "adamw " + std::to_string(unit), now - (NowNs() - t0) / 1e9, now});
+    }
   });
 }
 
@@ -243,7 +262,7 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
   queue_->BeginCompute();
   at::Tensor x = EmbeddingForward(layout_.embed(), embed_dev_, ids);
   queue_->EndCompute();
-  for (int64_t i = 0; i < std::min(W, L); ++i) EnsureLoaded(i);
+  for (int64_t i = 0; i < std::min(W, L); ++i) Prefetch(i);
   for (int64_t i = 0; i < L; ++i) {
     if (parked != nullptr) (*parked)[i] = Park(x, i);
     EnsureLoaded(i);
@@ -253,8 +272,9 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
     x = DecoderLayerForward(cfg_, layout_.layer(i), SlotView(i), x, rope);
     queue_->EndCompute();
     queue_->ReleaseSlot(w);
-    if (i + W < L) EnsureLoaded(i + W);
-    if (i + 2 == L || L == 1) LoadEdgeUnit(/*head=*/true);
+    // Layers whose update is done load ahead into the free slots; the next layer's compute waits only for its
+    // own update and upload (EnsureLoaded at the top of its iteration), never for a later layer's update.
+    for (int64_t j = i + 1; j <= std::min(i + W, L - 1); ++j) Prefetch(j);
   }
   LoadEdgeUnit(/*head=*/true);
   return x;
@@ -382,7 +402,14 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   ++weights_version_;
   stats.step = step_;
   stats.lr = lr;
-  QueueBusy q = queue_->TakeBusy();
+  std::vector<TraceSpan> device_spans;
+  QueueBusy q = queue_->TakeBusy(opts_.trace ? &device_spans : nullptr);
+  if (opts_.trace) {
+    std::lock_guard<std::mutex> lock(trace_mu_);
+    trace_ = std::move(pending_trace_);
+    pending_trace_.clear();
+    trace_.insert(trace_.end(), device_spans.begin(), device_spans.end());
+  }
   busy_.compute = q.compute;
   busy_.h2d = q.h2d;
   busy_.d2h = q.d2h;

@@ -17,12 +17,15 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/memory/memory_plan.h"
 #include "engine/optim/cpu_adamw.h"
 #include "engine/runtime/device_queue.h"
 #include "engine/runtime/reference_trainer.h"
+#include "engine/runtime/step_trace.h"
 #include "engine/runtime/update_worker.h"
 
 namespace slide {
@@ -32,6 +35,7 @@ struct SlidingOptions {
   int64_t window = 2;                // layer slots on the device (>= 1)
   bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
   int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
+  bool trace = false;                // keep each step's timeline (last_trace)
 };
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
@@ -40,10 +44,17 @@ struct ResourceBusy {
   double compute = 0;
   double h2d = 0;
   double d2h = 0;
-  double cpu_update = 0;      // gradient accumulation, host norms and AdamW (posted in this step)
-  double wait_update = 0;     // engine thread blocked on a unit's update before loading it
-  double step = 0;            // wall time of Step()
-  const char* Bound() const;  // the resource with the most busy time
+  double cpu_update = 0;   // gradient accumulation, host norms and AdamW (posted in this step)
+  double wait_update = 0;  // engine thread blocked on a unit's update before loading it
+  double step = 0;         // wall time of Step()
+  double MaxResource() const;
+  // step / the busiest resource: 1.0 when the step costs exactly its busiest resource (everything else hidden
+  // behind it); above 1 by the time nothing overlapped.
+  double OverlapRatio() const;
+  // What bounds the step: the busiest resource, or "update_dependency" when the engine waited on updates for
+  // more than a fifth of the step (exact clipping puts every update after the backward's norm, so the next
+  // forward waits for them whatever the resource totals say).
+  const char* Bound() const;
 };
 
 class SlidingTrainer {
@@ -80,13 +91,18 @@ class SlidingTrainer {
   void StateRestored(int64_t steps_done);
   void WaitForUpdates();  // every posted update has finished
   const ResourceBusy& last_busy() const { return busy_; }
+  // With options.trace: the spans of the last step, from its start until its GPU work finished (updates it
+  // posted that ran on into the next step are in the next step's trace).
+  const std::vector<TraceSpan>& last_trace() const { return trace_; }
   int64_t steps_taken() const { return step_; }
   int64_t slot_loads() const { return slot_loads_; }               // host->device unit copies so far
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
 
  private:
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
-  void EnsureLoaded(int64_t layer);    // issue the load of `layer` into its slot unless it is there
+  void EnsureLoaded(int64_t layer);  // issue the load of `layer` into its slot unless it is there
+  void Prefetch(int64_t layer);      // the same, only when its update has finished (never waits)
+  void WaitForUnit(size_t unit, const char* why);
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
   void LoadEdgeUnit(bool head);        // the embedding or the head buffer
   at::Tensor LandingBuffer(size_t unit);
@@ -125,6 +141,9 @@ class SlidingTrainer {
   std::unique_ptr<UpdateWorker> worker_;
   std::atomic<int64_t> update_ns_{0};
   ResourceBusy busy_;
+  std::vector<TraceSpan> trace_;          // the last step's timeline (options.trace)
+  std::vector<TraceSpan> pending_trace_;  // spans since then; update tasks append from the worker thread
+  std::mutex trace_mu_;
   int64_t step_ = 0;
   int64_t slot_loads_ = 0;
   int64_t planned_tokens_ = 0;  // micro-batch tokens the memory plan allows (0: unplanned)

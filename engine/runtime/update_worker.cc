@@ -30,6 +30,11 @@ void UpdateWorker::Wait(size_t unit) {
   cv_.wait(lock, [&] { return pending_.at(unit) == 0; });
 }
 
+bool UpdateWorker::Idle(size_t unit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.at(unit) == 0;
+}
+
 void UpdateWorker::WaitAll() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] {

@@ -22,7 +22,8 @@ class UpdateWorker {
   UpdateWorker& operator=(const UpdateWorker&) = delete;
 
   void Post(size_t unit, std::function<void()> task);
-  void Wait(size_t unit);  // returns once every task posted for `unit` has finished
+  void Wait(size_t unit);        // returns once every task posted for `unit` has finished
+  bool Idle(size_t unit) const;  // no task of `unit` is pending (never blocks)
   void WaitAll();
   std::string TakeError();  // the first exception a task threw since the last call ("" if none)
 
