@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     loss = trainer.Step(batch_for(s)).loss;
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
-        sum.wait_update += b.wait_update;
+        sum.wait_update += b.wait_update, sum.step += b.step;
   }
   trainer.WaitForUpdates();  // drain the last step's updates so their time counts
   if (trace_out != nullptr && !trainer.last_trace().empty()) {
@@ -100,7 +100,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
   }
   const DeviceAllocatorStats after_last = ReadDeviceAllocatorStats();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Steady state: each Step() includes waiting for the previous step's updates, so the mean Step() time is the
+  // throughput of a long run. The wall time until the last step's updates drained is reported as well; with few
+  // steps it adds a whole update to them (the figures before c400d60 were taken that way).
+  const double wall_with_drain = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = sum.step;
   const double tokens = double(batch) * seq * steps;
   const double n = double(cfg.TotalParamCount());
   // attention: 2 matmuls (QK^T, PV) of 2*S*S*d per layer forward, causal halves it, x3 for fwd+bwd.
@@ -108,14 +112,15 @@ int main(int argc, char** argv) {
   const double tflops = (6.0 * n * tokens + attn) / secs / 1e12;
   const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
-  sum.step = secs / steps;
+  sum.step = secs / steps;  // mean Step() time
   const char* bound = sum.Bound();
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
       "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"max_grad_norm\": %.2f, \"steps\": %d, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
-      "\"model_tflops\": %.2f, \"step_s\": %.3f, \"peak_gpu_bytes\": %.0f, \"planned_gpu_bytes\": %lld, "
+      "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
+      "\"planned_gpu_bytes\": %lld, "
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
@@ -127,10 +132,10 @@ int main(int argc, char** argv) {
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
-      secs / steps, peak_dev, (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
-      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound, sum.OverlapRatio(), loss,
-      (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
-      (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
-      (long long)after_last.alloc_retries, (long long)after_last.ooms);
+      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
+      double(PeakResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound,
+      sum.OverlapRatio(), loss, (long long)gpu_budget, (long long)after_first.reserved_bytes,
+      (long long)after_last.reserved_bytes, (long long)after_first.segments_allocated,
+      (long long)after_last.segments_allocated, (long long)after_last.alloc_retries, (long long)after_last.ooms);
   return 0;
 }
