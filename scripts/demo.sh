@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja >/dev/null
-cmake --build build --target slided slidectl
+SLIDE_BUILD_TARGETS="slided slidectl" bash scripts/build.sh build
 port_file=$(mktemp)
 rm -f "$port_file"
 build/server/slided --listen 127.0.0.1:0 --port-file "$port_file" --metrics-listen 127.0.0.1:0 \

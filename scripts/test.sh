@@ -3,6 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DSLIDE_BUILD_TESTS=ON
-cmake --build build
+bash scripts/build.sh build RelWithDebInfo -DSLIDE_BUILD_TESTS=ON
 ctest --test-dir build --output-on-failure -j2 --timeout 600

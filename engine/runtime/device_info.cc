@@ -1,6 +1,7 @@
 #include "engine/runtime/device_info.h"
 
 #include <ATen/Context.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -80,5 +81,10 @@ int64_t ProcStatusBytes(const std::string& field) {  // a "kB" line of /proc/sel
 
 int64_t ResidentHostBytes() { return ProcStatusBytes("VmRSS:"); }
 int64_t PeakResidentHostBytes() { return ProcStatusBytes("VmHWM:"); }
+
+int64_t PhysicalHostBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
 
 }  // namespace slide

@@ -14,6 +14,8 @@ struct DeviceInfo {
 DeviceInfo DescribeDevice();
 
 // Resident host memory of this process now (VmRSS) and at its peak (VmHWM).
+// Physical memory of the machine: the host budget the planner plans against (the daemon owns the box).
+int64_t PhysicalHostBytes();
 int64_t ResidentHostBytes();
 int64_t PeakResidentHostBytes();
 

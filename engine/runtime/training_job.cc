@@ -46,12 +46,6 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
   return {ids, ShiftLabels(labels)};
 }
 
-// Host memory the planner may count on: the machine's physical memory (the daemon owns the box).
-int64_t PhysicalHostBytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
 PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   const int64_t micro = MicroBatchSize(spec);
   PlanRequest r;

@@ -379,21 +379,32 @@ TEST(DaemonState, RealPrometheusScrapesTheStepCounter) {
   const std::string text = HttpGet(d.metrics_port(), "/metrics");
   EXPECT_NE(text.find("slide_steps_total 12"), std::string::npos) << text;
   EXPECT_NE(text.find("slide_jobs{state=\"SUCCEEDED\"} 1"), std::string::npos) << text;
-  // The Grafana dashboard in deploy/ queries only metrics the daemon exports.
-  std::ifstream dashboard_file(std::string(SLIDE_SOURCE_DIR) + "/deploy/grafana/slideformer.json");
-  const std::string dashboard(std::istreambuf_iterator<char>(dashboard_file), {});
-  int names = 0;
-  for (size_t at = dashboard.find("slide_"); at != std::string::npos; at = dashboard.find("slide_", at + 1)) {
-    size_t end = at;
-    while (end < dashboard.size() &&
-           (std::islower(static_cast<unsigned char>(dashboard[end])) || dashboard[end] == '_'))
-      ++end;
-    const std::string name = dashboard.substr(at, end - at);
-    ++names;
-    EXPECT_TRUE(text.find("\n" + name + " ") != std::string::npos || text.find("\n" + name + "{") != std::string::npos)
-        << "the dashboard queries " << name << ", which /metrics does not have";
-  }
-  EXPECT_GE(names, 15);
+  // The Grafana dashboard and the alert rules in deploy/ use only metrics the daemon exports (and the alert
+  // rules only label values it exports).
+  auto read = [](const std::string& path) {
+    std::ifstream f(std::string(SLIDE_SOURCE_DIR) + path);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  auto check_names = [&](const std::string& what, const std::string& doc, bool labels) {
+    int names = 0;
+    for (size_t at = doc.find("slide_"); at != std::string::npos; at = doc.find("slide_", at + 1)) {
+      size_t end = at;
+      while (end < doc.size() && (std::islower(static_cast<unsigned char>(doc[end])) || doc[end] == '_')) ++end;
+      const std::string name = doc.substr(at, end - at);
+      ++names;
+      EXPECT_TRUE(text.find("\n" + name + " ") != std::string::npos ||
+                  text.find("\n" + name + "{") != std::string::npos)
+          << what << " uses " << name << ", which /metrics does not have";
+      if (labels && end < doc.size() && doc[end] == '{') {
+        const std::string selector = doc.substr(end, doc.find_first_of(",}", end) - end) + "}";
+        EXPECT_NE(text.find("\n" + name + selector), std::string::npos)
+            << what << " selects " << name << selector << ", which /metrics does not have";
+      }
+    }
+    return names;
+  };
+  EXPECT_GE(check_names("the dashboard", read("/deploy/grafana/slideformer.json"), false), 15);
+  EXPECT_GE(check_names("the alert rules", read("/deploy/prometheus/alerts.yml"), true), 8);
 
   const fs::path dir = d.Path("prometheus");
   fs::create_directories(dir);

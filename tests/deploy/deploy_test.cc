@@ -1,0 +1,99 @@
+// The deployment files: the compose file parses and names only files that exist, the Dockerfile copies and
+// runs only what the repository has, and the daemon configurations shipped for the container and the systemd
+// unit pass the real slided's --check-config. (promtool checks the Prometheus config, the alert rules and
+// their unit tests: tests/CMakeLists.txt.)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRoot = SLIDE_SOURCE_DIR;
+const fs::path kDeploy = kRoot / "deploy";
+
+// A path the compose file names, relative to deploy/: there, or a template (NAME.example) the README says to copy.
+void ExpectExists(const std::string& what, const std::string& path) {
+  const fs::path p = kDeploy / path;
+  EXPECT_TRUE(fs::exists(p) || fs::exists(p.string() + ".example")) << what << " names " << p << ", which is missing";
+}
+
+TEST(Deploy, ComposeNamesOnlyFilesThatExist) {
+  const YAML::Node compose = YAML::LoadFile((kDeploy / "docker-compose.yml").string());
+  ASSERT_TRUE(compose["services"].IsMap());
+  std::set<std::string> declared_volumes;
+  for (const auto& v : compose["volumes"]) declared_volumes.insert(v.first.as<std::string>());
+  int bind_mounts = 0;
+  for (const auto& service : compose["services"]) {
+    const std::string name = service.first.as<std::string>();
+    const YAML::Node& s = service.second;
+    EXPECT_TRUE(s["image"].IsDefined()) << name;
+    if (s["build"]) {
+      const fs::path context = kDeploy / s["build"]["context"].as<std::string>();
+      EXPECT_TRUE(fs::is_directory(context)) << name;
+      EXPECT_TRUE(fs::exists(context / s["build"]["dockerfile"].as<std::string>())) << name;
+    }
+    for (const auto& f : s["env_file"]) ExpectExists(name + " env_file", f.as<std::string>());
+    for (const auto& opt : s["security_opt"]) {
+      const std::string o = opt.as<std::string>();
+      if (o.rfind("seccomp=", 0) == 0) ExpectExists(name + " seccomp", o.substr(8));
+    }
+    for (const auto& v : s["volumes"]) {
+      const std::string spec = v.as<std::string>();
+      const std::string source = spec.substr(0, spec.find(':'));
+      if (source.find("${") != std::string::npos) continue;  // a user's folder, with a default under deploy/data
+      if (source.rfind("./", 0) == 0 || source.rfind("../", 0) == 0) {
+        ExpectExists(name + " volume", source);
+        ++bind_mounts;
+      } else {
+        EXPECT_TRUE(declared_volumes.count(source)) << name << " uses undeclared volume " << source;
+      }
+    }
+  }
+  EXPECT_EQ(bind_mounts, 4);  // prometheus config + rules, grafana provisioning + dashboard
+}
+
+TEST(Deploy, DockerfileCopiesAndRunsOnlyWhatTheRepositoryHas) {
+  std::ifstream in(kRoot / "docker" / "Dockerfile");
+  ASSERT_TRUE(in) << "docker/Dockerfile";
+  const std::regex copy(R"(^COPY\s+(?!--from)(\S+)\s+\S+)"), script(R"(bash\s+((scripts|docker)/[\w.-]+\.sh))");
+  int scripts = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, copy) && m[1] != ".") EXPECT_TRUE(fs::exists(kRoot / m[1].str())) << line;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), script); it != std::sregex_iterator(); ++it) {
+      EXPECT_TRUE(fs::exists(kRoot / (*it)[1].str())) << line;
+      ++scripts;
+    }
+  }
+  EXPECT_GE(scripts, 3);  // install-deps, build, collect-runtime-libs: the project's own scripts
+}
+
+int RunSlided(const std::string& args, std::string* out) {
+  const std::string cmd = "SLIDE_TOKEN=deploy-test-token " + std::string(SLIDED_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Deploy, ShippedDaemonConfigsPassCheckConfig) {
+  for (const fs::path config : {kRoot / "docker" / "slided.yaml", kDeploy / "systemd" / "slided.yaml"}) {
+    std::string out;
+    EXPECT_EQ(RunSlided("--config " + config.string() + " --check-config", &out), 0) << out;
+    EXPECT_NE(out.find("configuration OK"), std::string::npos) << out;
+  }
+  // The check is real: a bad port fails it.
+  std::string out;
+  EXPECT_EQ(RunSlided("--listen 127.0.0.1:99999 --check-config", &out), 2) << out;
+}
+
+}  // namespace
