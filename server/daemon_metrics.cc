@@ -36,6 +36,10 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
   busy_h2d_ = &busy.Add({{"resource", "h2d"}});
   busy_d2h_ = &busy.Add({{"resource", "d2h"}});
   busy_update_ = &busy.Add({{"resource", "cpu_update"}});
+  update_wait_ = Counter(r, "slide_update_wait_seconds_total",
+                         "Time the engine waited on optimizer updates: the update time the overlap did not hide");
+  overlap_ratio_ =
+      Gauge(r, "slide_overlap_ratio", "Step time / busiest resource of the last step (1 = all else hidden)");
   auto& gpu = prometheus::BuildGauge().Name("slide_gpu_memory_bytes").Help("Device memory").Register(r);
   gpu_used_ = &gpu.Add({{"kind", "reserved"}});
   gpu_budget_ = &gpu.Add({{"kind", "budget"}});
@@ -73,6 +77,8 @@ void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_
   busy_h2d_->Increment(e.h2d_seconds);
   busy_d2h_->Increment(e.d2h_seconds);
   busy_update_->Increment(e.cpu_update_seconds);
+  update_wait_->Increment(e.update_wait_seconds);
+  overlap_ratio_->Set(e.overlap_ratio);
   gpu_used_->Set(static_cast<double>(e.device_bytes));
   host_resident_->Set(static_cast<double>(e.host_bytes));
   host_pinned_->Set(static_cast<double>(e.pinned_bytes));

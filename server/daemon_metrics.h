@@ -33,7 +33,8 @@ class DaemonMetrics final : public JobObserver {
   prometheus::Counter *steps_, *tokens_;
   prometheus::Gauge *job_step_, *job_total_steps_, *step_seconds_, *tokens_per_second_, *tflops_, *loss_, *lr_,
       *grad_norm_;
-  prometheus::Counter *busy_compute_, *busy_h2d_, *busy_d2h_, *busy_update_;
+  prometheus::Counter *busy_compute_, *busy_h2d_, *busy_d2h_, *busy_update_, *update_wait_;
+  prometheus::Gauge* overlap_ratio_;
   prometheus::Gauge *gpu_used_, *gpu_budget_, *gpu_total_, *host_resident_, *host_pinned_;
   std::map<JobState, prometheus::Gauge*> jobs_;
   prometheus::Gauge* queue_;

@@ -53,6 +53,8 @@ void to_json(nlohmann::json& j, const TrainingStepEvent& e) {
        {"h2d_seconds", e.h2d_seconds},
        {"d2h_seconds", e.d2h_seconds},
        {"cpu_update_seconds", e.cpu_update_seconds},
+       {"update_wait_seconds", e.update_wait_seconds},
+       {"overlap_ratio", e.overlap_ratio},
        {"bounded_by", e.bounded_by},
        {"device_bytes", e.device_bytes},
        {"host_bytes", e.host_bytes},
@@ -72,6 +74,8 @@ void from_json(const nlohmann::json& j, TrainingStepEvent& e) {
   e.h2d_seconds = Number(j, "h2d_seconds", 0);
   e.d2h_seconds = Number(j, "d2h_seconds", 0);
   e.cpu_update_seconds = Number(j, "cpu_update_seconds", 0);
+  e.update_wait_seconds = Number(j, "update_wait_seconds", 0);
+  e.overlap_ratio = Number(j, "overlap_ratio", 0);
   e.bounded_by = j.value("bounded_by", "");
   e.device_bytes = j.value("device_bytes", int64_t{0});
   e.host_bytes = j.value("host_bytes", int64_t{0});

@@ -211,6 +211,8 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           m->set_h2d_seconds(s.h2d_seconds);
           m->set_d2h_seconds(s.d2h_seconds);
           m->set_cpu_update_seconds(s.cpu_update_seconds);
+          m->set_update_wait_seconds(s.update_wait_seconds);
+          m->set_overlap_ratio(s.overlap_ratio);
           m->set_bounded_by(s.bounded_by);
           m->set_device_bytes(s.device_bytes);
           m->set_host_bytes(s.host_bytes);

@@ -354,6 +354,8 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
         e.h2d_seconds = b.h2d;
         e.d2h_seconds = b.d2h;
         e.cpu_update_seconds = b.cpu_update;
+        e.update_wait_seconds = b.wait_update;
+        e.overlap_ratio = b.OverlapRatio();
         e.device_bytes = DeviceReservedBytes(cuda);
         e.host_bytes = ResidentHostBytes();
         e.pinned_bytes = trainer->pinned_bytes();
