@@ -7,6 +7,7 @@
 #   bench/run_gpu.sh large   8B at batch 8 and 16
 #   bench/run_gpu.sh daemon  slided on the GPU: kill -9 / SIGTERM resume and the 50-watcher load figure
 #   bench/run_gpu.sh extra   3B window (prefetch depth) 1 and 4; checkpoint cost of a 1B job through slided
+#   bench/run_gpu.sh nvme    the NVMe tier's store against dd (O_DIRECT) on the box's disk
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -23,6 +24,21 @@ traced() {
   [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
 }
 case "$phase" in
+  nvme)
+    gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
+    cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release -DSLIDE_BUILD_TESTS=ON > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    cmake --build build-gpu -j 16 --target nvme_bench io_tests > "$OUT/build.log" 2>&1 || { grep -E 'error' "$OUT/build.log" | head; exit 1; }
+    build-gpu/tests/io_tests > "$OUT/io_tests.log" 2>&1; grep -E 'OK|FAILED|PASSED|SKIPPED' "$OUT/io_tests.log" | head -12
+    dir=/var/tmp/slide-nvme-bench; mkdir -p "$dir"; df -h "$dir" | tail -1; uname -r
+    for spec in "auto 256 2 32 1024" "auto 256 4 64 1024" "pread 256 4 32 1024"; do
+      run 120 build-gpu/bench/nvme_bench "$dir" 8 $spec; done
+    # dd with O_DIRECT: one request in flight, the reference the tier is measured against.
+    for bs in 1M 16M; do
+      w=$(dd if=/dev/zero of="$dir/dd.bin" bs=$bs count=$((8192 / ${bs%M})) oflag=direct 2>&1 | tail -1)
+      r=$(dd if="$dir/dd.bin" of=/dev/null bs=$bs iflag=direct 2>&1 | tail -1)
+      echo "{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"1x H200 box, its local disk\", \"bench\": \"dd_o_direct\", \"bs\": \"$bs\", \"write\": \"$w\", \"read\": \"$r\"}" >> "$OUT/bench.jsonl"
+      rm -f "$dir/dd.bin"
+    done ;;
   engine2)
     gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
     cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
