@@ -12,6 +12,7 @@ for bin in "$@"; do ldd "$bin"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
     cp -L "$lib" "$prefix/lib/"
     # Loaded later with dlopen, so ldd does not list them: cuDNN's engine libraries, NVRTC's builtins.
     case "$(basename "$lib")" in
+      libtorch_cpu.so) cp -L "$(dirname "$lib")"/lib*.so* "$prefix/lib/" ;;  # LibTorch loads some of its own lazily
       libcudnn.so*) cp -L "$(dirname "$lib")"/libcudnn_*.so* "$prefix/lib/" ;;
       libnvrtc.so*) cp -L "$(dirname "$lib")"/libnvrtc-builtins*.so* "$prefix/lib/" 2>/dev/null || true ;;
     esac

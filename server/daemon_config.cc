@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <arpa/inet.h>
 #include <netdb.h>
 
 #include <cctype>
@@ -139,7 +140,9 @@ bool IsLoopbackAddress(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  in_addr v4{};
+  return host == "localhost" || host == "::1" ||
+         (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && host.rfind("127.", 0) == 0);
 }
 
 }  // namespace

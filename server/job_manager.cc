@@ -40,8 +40,17 @@ Status ValidateJobName(const std::string& name) {
     return InvalidArgument("job field 'name' is " + std::to_string(name.size()) + " bytes; at most " +
                            std::to_string(kMaxJobNameBytes) + " are allowed");
   if (!IsValidUtf8(name)) return InvalidArgument("job field 'name' is not valid UTF-8");
-  for (unsigned char ch : name)
-    if (ch < 0x20 || ch == 0x7f) return InvalidArgument("job field 'name' contains control characters");
+  // C0 and DEL, C1 (U+0080..U+009F, e.g. the single-character CSI) and bidirectional overrides/isolates
+  // (U+202A..U+202E, U+2066..U+2069) can rewrite what a terminal shows.
+  for (size_t i = 0; i < name.size();) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069))
+      return InvalidArgument("job field 'name' contains control characters");
+    i += len;
+  }
   return Status::Ok();
 }
 
@@ -64,11 +73,16 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
         // again are marked replayed for watchers.
         auto checkpoint = ReadCheckpointInfo(job->record.spec.checkpoint_dir);
         const int64_t resume_step = checkpoint.ok() && checkpoint.value() ? checkpoint.value()->step : 0;
-        job->replay_until = job->record.step;
+        // The furthest step ever reported (a second crash during the replay must not forget the first one's).
+        for (const auto& ev : job->events)
+          if (ev.kind == JobEventRecord::Kind::kMetrics)
+            job->replay_until = std::max(job->replay_until, ev.metrics.step);
         job->record.step = resume_step;
         JobEventRecord e;
-        e.log = "daemon restarted: queued again; resumes from " +
-                (resume_step > 0 ? "the checkpoint at step " + std::to_string(resume_step) : std::string("the start"));
+        e.log = "daemon restarted: queued again; " +
+                (!checkpoint.ok()  ? "its checkpoint is unreadable (" + checkpoint.status().message() + ")"
+                 : resume_step > 0 ? "resumes from the checkpoint at step " + std::to_string(resume_step)
+                                   : std::string("resumes from the start"));
         if (job->replay_until > resume_step)
           e.log += "; steps " + std::to_string(resume_step + 1) + ".." + std::to_string(job->replay_until) +
                    " run again and are marked replayed";

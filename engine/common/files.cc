@@ -73,12 +73,19 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      Status st = Errno("cannot write", tmp);
       ::close(fd);
-      return Errno("cannot write", tmp);
+      ::unlink(tmp.c_str());
+      return st;
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Errno("cannot sync", tmp);
+  Status synced = ::fsync(fd) == 0 ? Status::Ok() : Errno("cannot sync", tmp);
+  if (::close(fd) != 0 && synced.ok()) synced = Errno("cannot close", tmp);
+  if (!synced.ok()) {
+    ::unlink(tmp.c_str());
+    return synced;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
   return Status::Ok();
 }

@@ -80,25 +80,41 @@ ScopedFileConfinement::ScopedFileConfinement(std::vector<std::string> roots)
 ScopedFileConfinement::~ScopedFileConfinement() { t_roots = previous_; }
 
 StatusOr<int> OpenRegularFile(const std::string& path) {
+  auto outside = [&](const std::string& resolved, const std::string& allowed) {
+    return Status(StatusCode::kPermissionDenied,
+                  path + ": resolves to '" + resolved + "', outside the allowed roots (" + allowed + ")");
+  };
+  std::string allowed;
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) {
     const int e = errno;
+    // Whether a path outside the roots exists is not told: such paths get the confinement error.
+    if (t_roots != nullptr) {
+      auto partial = ResolvePath(path);
+      if (partial.ok() && !InsideRoots(partial.value(), *t_roots, &allowed)) return outside(partial.value(), allowed);
+    }
     return Status(e == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
                   path + ": cannot open (" + std::strerror(e) + ")");
   }
   const std::string resolved = buf;
-  if (t_roots != nullptr) {
-    std::string allowed;
-    if (!InsideRoots(resolved, *t_roots, &allowed))
-      return Status(StatusCode::kPermissionDenied,
-                    path + ": resolves to '" + resolved + "', outside the allowed roots (" + allowed + ")");
-  }
+  if (t_roots != nullptr && !InsideRoots(resolved, *t_roots, &allowed)) return outside(resolved, allowed);
   // The resolved path, without following a link swapped in since; non-blocking so a FIFO never hangs open().
   const int fd = ::open(resolved.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     const int e = errno;
     return Status(e == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
                   path + ": cannot open (" + std::strerror(e) + ")");
+  }
+  if (t_roots != nullptr) {
+    // O_NOFOLLOW guards only the last component: a directory on the way swapped for a symlink between realpath
+    // and open would lead elsewhere, so check what was actually opened.
+    char opened[PATH_MAX];
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = ::readlink(link.c_str(), opened, sizeof(opened) - 1);
+    if (n <= 0 || std::string(opened, static_cast<size_t>(n)) != resolved) {
+      ::close(fd);
+      return Status(StatusCode::kPermissionDenied, path + ": changed while it was being opened");
+    }
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

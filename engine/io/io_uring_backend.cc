@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -60,9 +61,16 @@ class IoUringBackend final : public IoBackend {
         io_uring_sqe_set_data64(sqe, i);
         ++in_flight;
       }
-      int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-        return Internal(std::string("io_uring_enter: ") + std::strerror(-rc));
+      const int rc = in_flight > 0 ? io_uring_submit_and_wait(&ring_, 1) : 0;
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+        // Submit nothing more, but never return while the kernel may still write into the callers' buffers.
+        if (first.ok()) first = Internal(std::string("io_uring_enter: ") + std::strerror(-rc));
+        ready.clear();
+        io_uring_cqe* wait = nullptr;
+        const int w = io_uring_wait_cqe(&ring_, &wait);
+        if (w == -EINTR) continue;
+        if (w < 0) break;  // the ring itself is broken: nothing more will complete
+      }
       io_uring_cqe* cqe = nullptr;
       while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
         const size_t i = io_uring_cqe_get_data64(cqe);
@@ -70,15 +78,18 @@ class IoUringBackend final : public IoBackend {
         io_uring_cqe_seen(&ring_, cqe);
         --in_flight;
         const IoRequest& r = requests[i];
-        if (res == -EINTR || res == -EAGAIN) {
+        if ((res == -EINTR || res == -EAGAIN) && first.ok()) {
           ready.push_back(i);
+        } else if (res == -EINVAL && done[i] % 512 != 0) {
+          // An O_DIRECT continuation after a short transfer is misaligned: the short transfer is the error.
+          if (first.ok()) first = IoShortStatus(r, r.offset + done[i], r.len - done[i]);
         } else if (res < 0) {
           if (first.ok()) first = IoErrnoStatus(r, r.offset + done[i], -res);
         } else if (res == 0) {
           if (first.ok()) first = IoShortStatus(r, r.offset + done[i], r.len - done[i]);
         } else {
           done[i] += static_cast<size_t>(res);
-          if (done[i] < r.len) ready.push_back(i);  // a short transfer continues where it stopped
+          if (done[i] < r.len && first.ok()) ready.push_back(i);  // a short transfer continues where it stopped
         }
       }
     }
@@ -100,7 +111,8 @@ class IoUringBackend final : public IoBackend {
 
   void Prepare(io_uring_sqe* sqe, const IoRequest& r, size_t done) {
     char* p = static_cast<char*>(r.buf) + done;
-    const unsigned n = static_cast<unsigned>(r.len - done);
+    const unsigned n =
+        static_cast<unsigned>(std::min<size_t>(r.len - done, size_t{1} << 30));  // SQE lengths are 32-bit
     const uint64_t off = r.offset + done;
     const int fixed = FixedIndex(p, n);
     if (fixed >= 0) {

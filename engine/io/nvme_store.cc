@@ -50,16 +50,20 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeOptions& options,
     const size_t padded = (unit_bytes[u] + options.block_bytes - 1) / options.block_bytes * options.block_bytes;
     store->padded_.push_back(padded);
     const std::string& dir = options.dirs[u % options.dirs.size()];
+    // A fresh, exclusively created name (O_EXCL never follows a planted link; two daemons sharing a directory,
+    // both PID 1 in their containers, never meet).
     char name[64];
-    std::snprintf(name, sizeof(name), "/slide-unit-%05zu-%d.bin", u, static_cast<int>(::getpid()));
-    const std::string path = dir + name;
-    const int base = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-    int fd = options.direct ? ::open(path.c_str(), base | O_DIRECT, 0600) : -1;
+    std::snprintf(name, sizeof(name), "/slide-unit-%05zu-XXXXXX.bin", u);
+    std::string path = dir + name;
+    int fd = options.direct ? ::mkostemps(path.data(), 4, O_CLOEXEC | O_DIRECT) : -1;
     if (fd < 0 && options.direct && errno == EINVAL) {
       if (!buffered_noted) store->notes_ += "; buffered I/O: " + dir + " refuses O_DIRECT";
       buffered_noted = true;
     }
-    if (fd < 0) fd = ::open(path.c_str(), base, 0600);
+    if (fd < 0) {
+      path = dir + name;
+      fd = ::mkostemps(path.data(), 4, O_CLOEXEC);
+    }
     if (fd < 0) return Status(StatusCode::kFailedPrecondition, path + ": cannot create (" + std::strerror(errno) + ")");
     store->fds_.push_back(fd);
     store->paths_.push_back(path);

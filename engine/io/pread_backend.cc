@@ -28,6 +28,8 @@ class PreadBackend final : public IoBackend {
       const ssize_t n = r.write ? ::pwrite(r.fd, p, r.len - done, static_cast<off_t>(r.offset + done))
                                 : ::pread(r.fd, p, r.len - done, static_cast<off_t>(r.offset + done));
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      // An O_DIRECT continuation after a short transfer is misaligned (EINVAL): the short transfer is the error.
+      if (n < 0 && errno == EINVAL && done % 512 != 0) return IoShortStatus(r, r.offset + done, r.len - done);
       if (n < 0) return IoErrnoStatus(r, r.offset + done, errno);
       if (n == 0) return IoShortStatus(r, r.offset + done, r.len - done);
       done += static_cast<size_t>(n);  // a short transfer continues where it stopped

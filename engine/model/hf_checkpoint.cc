@@ -170,11 +170,8 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
                            : options.dtype == c10::kHalf ? "float16"
                                                          : "bfloat16";
   config["torch_dtype"] = dtype_name;
-  {
-    std::ofstream f(out / "config.json", std::ios::trunc);
-    f << config.dump(2) << "\n";
-    if (!f) return Internal((out / "config.json").string() + ": write failed");
-  }
+  // Written through a temporary renamed over it: a link planted in the output directory is replaced, never followed.
+  SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), config.dump(2) + "\n"));
 
   // Group tensors into shards of at most max_shard_bytes (a tensor never splits).
   std::vector<NamedTensors> shards(1);
@@ -204,14 +201,20 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
     SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / kIndexFile).string(), index.dump(2) + "\n"));
   }
 
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                           "generation_config.json", "vocab.json", "merges.txt"}) {
+  for (const std::string& name : CompanionFilesCopiedOnExport()) {
     if (!fs::exists(src / name)) continue;
     // Read through the job's file confinement: a tokenizer file linked out of the roots is refused, not copied.
     SLIDE_ASSIGN_OR_RETURN(std::string content, ReadFileToString((src / name).string()));
     SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / name).string(), content));
   }
   return Status::Ok();
+}
+
+const std::vector<std::string>& CompanionFilesCopiedOnExport() {
+  static const std::vector<std::string> names = {"tokenizer.json",  "tokenizer_config.json",  "special_tokens_map.json",
+                                                 "tokenizer.model", "generation_config.json", "vocab.json",
+                                                 "merges.txt"};
+  return names;
 }
 
 }  // namespace slide

@@ -26,6 +26,9 @@ struct ModelParams {
 
 ModelParams ZeroParams(const ModelLayout& layout, at::TensorOptions options);
 
+// The files beside the weights an export copies when the model directory has them (tokenizer, generation config).
+const std::vector<std::string>& CompanionFilesCopiedOnExport();
+
 // Reads model.safetensors or a sharded checkpoint (model.safetensors.index.json) from `model_dir`,
 // checking every tensor's presence and shape against `cfg`. Values are converted to `dtype`.
 StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype);

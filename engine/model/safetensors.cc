@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <ext/stdio_filebuf.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -191,8 +192,10 @@ Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());  // a stale temporary, or a link planted there, is never written through
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return InvalidArgument(tmp + ": cannot create (" + std::strerror(errno) + ")");
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return InvalidArgument(tmp + ": cannot create (" + std::strerror(errno) + ")");
+    __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);  // closes the fd
+    std::ostream out(&file);
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));

@@ -219,6 +219,14 @@ Status CheckTrainingJobPaths(const TrainingJobSpec& s) {
   // A dataset that is not there yet fails when the job opens it; one that is not a regular file never works.
   if (Status dataset = CheckRegularFile(s.dataset_path); !dataset.ok() && dataset.code() != StatusCode::kNotFound)
     return dataset.WithContext("job field 'dataset'");
+  // The files the export copies are read only after training: a bad one must fail the job now, not then.
+  for (const std::string& name : CompanionFilesCopiedOnExport()) {
+    const std::string path = s.model_dir + "/" + name;
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    SLIDE_RETURN_IF_ERROR(CheckJobPath("model_dir", path, s.allowed_roots));
+    if (Status file = CheckRegularFile(path); !file.ok() && file.code() != StatusCode::kNotFound)
+      return file.WithContext("job field 'model_dir'");
+  }
   if (::stat(s.output_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
     return InvalidArgument("job field 'output_dir': '" + s.output_dir +
                            "' exists and is not a directory (the export needs a directory)");

@@ -90,24 +90,26 @@ TEST(BadInput, FilesLinkedOutOfTheRootsAreNeverOpened) {
     s.set_dataset((root / "train.jsonl").string());
     return s;
   };
-  // config.json is read at submission (the memory plan): refused there, its bytes unread.
-  grpc::Status s;
-  Submit(d, spec_for("config-linked"), &s);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
-  EXPECT_TRUE(Contains(s.error_message(), "outside the allowed roots")) << s.error_message();
-  EXPECT_FALSE(Contains(s.error_message(), "TOPSECRET")) << s.error_message();
-
-  // The weights and the tokenizer are read when the job runs: the job fails naming the file, nothing is trained.
-  for (const std::string model : {"weights-linked", "tokenizer-linked"}) {
-    const std::string id = Submit(d, spec_for(model), &s);
-    ASSERT_TRUE(s.ok()) << model << ": " << s.error_message();
-    const v1::Job job = WaitFinal(d, id);
-    EXPECT_EQ(job.state(), v1::FAILED) << model;
-    EXPECT_EQ(job.step(), 0) << model;
-    EXPECT_TRUE(Contains(job.error(), "outside the allowed roots")) << job.error();
-    EXPECT_FALSE(Contains(job.error(), "TOPSECRET")) << job.error();
-    EXPECT_FALSE(fs::exists(root / ("out-" + model) / "model.safetensors")) << model;
+  // config.json is read at submission (the memory plan) and the tokenizer files are checked there: refused
+  // there, their bytes unread.
+  for (const std::string model : {"config-linked", "tokenizer-linked"}) {
+    grpc::Status s;
+    Submit(d, spec_for(model), &s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << model << ": " << s.error_message();
+    EXPECT_TRUE(Contains(s.error_message(), "outside the allowed roots")) << s.error_message();
+    EXPECT_FALSE(Contains(s.error_message(), "TOPSECRET")) << s.error_message();
   }
+
+  // The weights are read when the job runs: the job fails naming the file, nothing is trained or exported.
+  grpc::Status s;
+  const std::string id = Submit(d, spec_for("weights-linked"), &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Job job = WaitFinal(d, id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.step(), 0);
+  EXPECT_TRUE(Contains(job.error(), "model.safetensors: resolves to")) << job.error();
+  EXPECT_TRUE(Contains(job.error(), "outside the allowed roots")) << job.error();
+  EXPECT_FALSE(fs::exists(root / "out-weights-linked" / "model.safetensors"));
   // A clean copy inside the roots still trains.
   CopyDemoModel(root / "clean");
   const std::string ok = Submit(d, spec_for("clean"), &s);
@@ -194,6 +196,8 @@ TEST(BadInput, ExplicitZerosLongSequencesAndOddNamesAreRefused) {
           "job field 'seq_len' (512) exceeds the model's max_position_embeddings (256)");
   refused([](v1::JobSpec& s) { s.set_name(std::string(129, 'n')); }, "job field 'name' is 129 bytes");
   refused([](v1::JobSpec& s) { s.set_name("evil\x1b[2Jname"); }, "job field 'name' contains control characters");
+  refused([](v1::JobSpec& s) { s.set_name("c1\u009b2Jname"); }, "job field 'name' contains control characters");
+  refused([](v1::JobSpec& s) { s.set_name("bidi\u202Eeman"); }, "job field 'name' contains control characters");
 
   // Asked for explicitly, a longer sequence is accepted.
   v1::JobSpec longer = DemoJobSpec(d.Path("export"), 1);

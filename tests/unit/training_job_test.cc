@@ -156,10 +156,22 @@ TEST(TrainingJob, ConfinedJobsOpenNothingOutsideTheRoots) {
   s.model_dir = model;
   s.dataset_path = root.File("train.jsonl");
   s.allowed_roots = {root.path()};
-  auto r = RunTrainingJob(s, {}, nullptr);
+  auto r = RunTrainingJob(s, {}, nullptr);  // refused before anything is read
   EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
-  ExpectContains(r.status().message(), model + "/tokenizer.json: resolves to '");
+  ExpectContains(r.status().message(), model + "/tokenizer.json' (resolved to '" + secret);
   EXPECT_EQ(r.status().message().find("TOPSECRET"), std::string::npos);
+
+  // The weights are opened while the job loads: refused at open.
+  std::filesystem::remove(model + "/tokenizer.json");
+  std::filesystem::copy_file(DemoSpec(root).model_dir + "/tokenizer.json", model + "/tokenizer.json");
+  std::filesystem::copy_file(model + "/model.safetensors", outside.File("model.safetensors"));
+  std::filesystem::remove(model + "/model.safetensors");
+  std::filesystem::create_symlink(outside.File("model.safetensors"), model + "/model.safetensors");
+  r = RunTrainingJob(s, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  ExpectContains(r.status().message(), model + "/model.safetensors: resolves to '" + outside.File("model.safetensors"));
+  std::filesystem::remove(model + "/tokenizer.json");
+  std::filesystem::create_symlink(secret, model + "/tokenizer.json");
 
   s.allowed_roots.clear();  // unconfined, the same link is read (and is not a tokenizer)
   r = RunTrainingJob(s, {}, nullptr);
