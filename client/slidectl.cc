@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,11 +200,13 @@ int main(int argc, char** argv) {
   bool wants_help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--addr" && i + 1 < argc) {
+    if ((a == "--addr" || a == "--token" || a == "--tls-ca") && i + 1 >= argc) {
+      return Fail(kUsage, a + " needs a value (see --help)");
+    } else if (a == "--addr") {
       o.addr = argv[++i];
-    } else if (a == "--token" && i + 1 < argc) {
+    } else if (a == "--token") {
       o.token = argv[++i];
-    } else if (a == "--tls-ca" && i + 1 < argc) {
+    } else if (a == "--tls-ca") {
       o.tls_ca = argv[++i];
     } else if (a == "--json") {
       o.json = true;
@@ -227,6 +230,36 @@ int main(int argc, char** argv) {
     std::printf("usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json]%s\n",
                 text.substr(at + 2, text.find('\n', at + 1) - at - 2).insert(0, " ").c_str());
     return kOk;
+  }
+  // Each command's own flags (value flags take the next word) and how many plain words it takes: a misspelt
+  // flag or a stray word is an error, never silently ignored.
+  struct Grammar {
+    std::vector<std::string> flags, value_flags;
+    size_t words;
+  };
+  static const std::map<std::string, Grammar> grammar = {
+      {"submit", {{"--follow", "--cancel-on-interrupt"}, {}, 1}},
+      {"watch", {{"--cancel-on-interrupt"}, {"--from-step"}, 1}},
+      {"logs", {{}, {"--from-step"}, 1}},
+      {"list", {{}, {"--state"}, 0}},
+      {"get", {{}, {}, 1}},
+      {"cancel", {{}, {}, 1}},
+      {"status", {{}, {}, 0}},
+  };
+  const auto g = grammar.find(cmd);
+  if (g == grammar.end()) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
+  size_t words = 0;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const auto& [flags, value_flags, max_words] = g->second;
+    if (std::find(flags.begin(), flags.end(), args[i]) != flags.end()) continue;
+    if (std::find(value_flags.begin(), value_flags.end(), args[i]) != value_flags.end()) {
+      if (i + 1 >= args.size()) return Fail(kUsage, args[i] + " needs a value (see " + cmd + " --help)");
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("-", 0) == 0)
+      return Fail(kUsage, "unknown flag '" + args[i] + "' for " + cmd + " (see " + cmd + " --help)");
+    if (++words > max_words) return Fail(kUsage, "unexpected argument '" + args[i] + "' for " + cmd);
   }
   auto need = [&](size_t n) { return args.size() >= n; };
   const bool cancel_on_interrupt = std::find(args.begin(), args.end(), "--cancel-on-interrupt") != args.end();

@@ -103,6 +103,19 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   r = Slidectl(addr + " submit " + d.Path("zero-batch.yaml"));
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "slidectl: job field 'batch_size' must be >= 1\n");
+  // A misspelt flag, a stray word or a flag without its value is an error naming it.
+  r = Slidectl(addr + " submit " + WriteJob(d, "typo-flag", 5) + " --folow");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: unknown flag '--folow' for submit (see submit --help)\n");
+  r = Slidectl(addr + " get job-000001 job-000002");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: unexpected argument 'job-000002' for get\n");
+  r = Slidectl(addr + " watch job-000001 --from-step");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: --from-step needs a value (see watch --help)\n");
+  r = Slidectl("status --addr");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: --addr needs a value (see --help)\n");
   r = Slidectl(addr + " submit /nonexistent/job.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("cannot open job file"), std::string::npos) << r.out;
