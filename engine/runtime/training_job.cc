@@ -233,6 +233,197 @@ Status CheckTrainingJobPaths(const TrainingJobSpec& s) {
   return Status::Ok();
 }
 
+namespace {
+
+// One job from its files to its export, in three phases with one job each. RunTrainingJob runs them inside the
+// job's file confinement and turns LibTorch's exceptions into statuses.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainingJobSpec& spec, const TrainingCallbacks& cb, const std::atomic<bool>* cancel,
+              const std::atomic<bool>* suspend)
+      : spec_(spec), cb_(cb), cancel_(cancel), suspend_(suspend) {}
+
+  // Config, dataset, weights, memory plan and trainer; resumes from the job's checkpoint when it has one.
+  Status Prepare();
+  // The optimizer steps with their events and checkpoints; stops at a step boundary when cancelled (CANCELLED)
+  // or suspended (result().suspended, after a checkpoint).
+  Status Train();
+  // Held-out loss and the Hugging Face export.
+  Status Finish();
+  const TrainingResult& result() const { return result_; }
+
+ private:
+  void Log(const std::string& m) const {
+    if (cb_.on_log) cb_.on_log(m);
+  }
+  Status Checkpoint(int64_t steps_done);
+  void ReportStep(const StepStats& st) const;
+
+  const TrainingJobSpec& spec_;
+  const TrainingCallbacks& cb_;
+  const std::atomic<bool>* cancel_;
+  const std::atomic<bool>* suspend_;
+  bool cuda_ = false;
+  ModelConfig cfg_;
+  Dataset ds_;
+  std::unique_ptr<SlidingTrainer> trainer_;
+  std::unique_ptr<BatchOrder> order_;
+  int64_t micro_ = 0, accum_ = 0, total_ = 0;
+  int64_t first_step_ = 0, last_checkpoint_ = 0;  // the newest step on disk (or the start)
+  std::string fingerprint_;                       // what a checkpoint must match to be resumed by this job
+  TrainingResult result_;
+};
+
+Status TrainingRun::Prepare() {
+  cuda_ = UsesCuda(spec_);
+  if (cuda_ && !at::hasCUDA())
+    return Status(StatusCode::kFailedPrecondition, "device 'cuda' requested but no CUDA device is present");
+  const c10::Device device = cuda_ ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  const c10::ScalarType dtype = ComputeDtype(spec_, cuda_);
+
+  SLIDE_ASSIGN_OR_RETURN(cfg_, LoadHfConfig(spec_.model_dir));
+  SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec_, cfg_));
+  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "model config read"));
+  SLIDE_ASSIGN_OR_RETURN(ds_, LoadJobDataset(spec_, cfg_));
+  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "dataset tokenized"));
+  Log("dataset: " + std::to_string(ds_.stats.samples) + " samples, " + std::to_string(ds_.train.size()) +
+      " training and " + std::to_string(ds_.eval.size()) + " held-out sequences of " + std::to_string(spec_.seq_len) +
+      " tokens; " + std::to_string(ds_.stats.skipped) + " lines skipped");
+  for (const auto& e : ds_.stats.errors) Log("skipped: " + e);
+
+  micro_ = MicroBatchSize(spec_);
+  accum_ = spec_.batch_size / micro_;
+  const int64_t n_train = static_cast<int64_t>(ds_.train.size());
+  total_ = spec_.steps > 0 ? spec_.steps
+                           : std::max<int64_t>(1, (spec_.epochs * n_train + spec_.batch_size - 1) / spec_.batch_size);
+  TrainerOptions o;
+  o.adamw = {.lr = spec_.lr,
+             .beta1 = spec_.adam_beta1,
+             .beta2 = spec_.adam_beta2,
+             .eps = spec_.adam_eps,
+             .weight_decay = spec_.weight_decay};
+  o.schedule = {.kind = ParseLrScheduleKind(spec_.lr_schedule).value(),
+                .peak_lr = spec_.lr,
+                .warmup_steps = spec_.warmup_steps,
+                .total_steps = total_};
+  o.max_grad_norm = spec_.max_grad_norm;
+  o.compute_dtype = dtype;
+  o.device = device;
+  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat));
+  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "weights loaded"));
+  MemoryPlan plan;
+  SLIDE_ASSIGN_OR_RETURN(
+      trainer_, SlidingTrainer::Create(cfg_, std::move(master), {.train = o}, MakePlanRequest(spec_, cuda_), &plan));
+  Log("memory plan:\n" + plan.ToString());
+  Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
+      (dtype == c10::kBFloat16 ? "bf16" : "fp32"));
+
+  order_ = std::make_unique<BatchOrder>(n_train, spec_.seed);
+  fingerprint_ = "params=" + std::to_string(cfg_.TotalParamCount()) + " layers=" + std::to_string(cfg_.num_layers) +
+                 " batch=" + std::to_string(spec_.batch_size) + " micro=" + std::to_string(micro_) +
+                 " seq=" + std::to_string(spec_.seq_len) + " train_sequences=" + std::to_string(n_train) +
+                 " seed=" + std::to_string(spec_.seed) + " total_steps=" + std::to_string(total_);
+  if (!spec_.checkpoint_dir.empty()) {
+    SLIDE_ASSIGN_OR_RETURN(auto resumed, LoadTrainingCheckpoint(spec_.checkpoint_dir, fingerprint_, *trainer_));
+    if (resumed) {
+      first_step_ = resumed->step;
+      order_->Seek({resumed->order_epoch, resumed->order_index});
+      result_.resumed_from = first_step_;
+      result_.steps = first_step_;
+      result_.final_loss = resumed->loss;
+      Log("resumed from the checkpoint at step " + std::to_string(first_step_));
+    }
+  }
+  last_checkpoint_ = first_step_;
+  return Status::Ok();
+}
+
+Status TrainingRun::Checkpoint(int64_t steps_done) {
+  CheckpointInfo info;
+  info.step = steps_done;
+  info.total_steps = total_;
+  info.order_epoch = order_->position().epoch;
+  info.order_index = order_->position().index;
+  info.loss = result_.final_loss;
+  info.fingerprint = fingerprint_;
+  trainer_->WaitForUpdates();  // the step's own update time is not the checkpoint's
+  const auto t0 = std::chrono::steady_clock::now();
+  SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec_.checkpoint_dir, info, *trainer_));
+  last_checkpoint_ = steps_done;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
+  const double gb = 12.0 * static_cast<double>(cfg_.TotalParamCount()) / 1e9;
+  char line[160];
+  std::snprintf(line, sizeof(line), "checkpoint at step %lld: %.2f GB in %.2f s (%.2f GB/s)",
+                static_cast<long long>(steps_done), gb, secs, secs > 0 ? gb / secs : 0.0);
+  Log(line);
+  return Status::Ok();
+}
+
+void TrainingRun::ReportStep(const StepStats& st) const {
+  if (!cb_.on_step || (st.step % spec_.log_every != 0 && st.step != total_)) return;
+  const ResourceBusy& b = trainer_->last_busy();
+  TrainingStepEvent e;
+  e.step = st.step;
+  e.total_steps = total_;
+  e.loss = st.loss;
+  e.lr = st.lr;
+  e.grad_norm = st.grad_norm;
+  e.step_seconds = b.step;
+  const double tokens = static_cast<double>(spec_.batch_size * spec_.seq_len);
+  e.tokens_per_second = b.step > 0 ? tokens / b.step : 0;
+  e.model_tflops = b.step > 0 ? 6.0 * static_cast<double>(cfg_.TotalParamCount()) * tokens / b.step / 1e12 : 0;
+  e.compute_seconds = b.compute;
+  e.h2d_seconds = b.h2d;
+  e.d2h_seconds = b.d2h;
+  e.cpu_update_seconds = b.cpu_update;
+  e.update_wait_seconds = b.wait_update;
+  e.overlap_ratio = b.OverlapRatio();
+  e.device_bytes = DeviceReservedBytes(cuda_);
+  e.host_bytes = ResidentHostBytes();
+  e.pinned_bytes = trainer_->pinned_bytes();
+  e.bounded_by = cuda_ ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
+  cb_.on_step(e);
+}
+
+Status TrainingRun::Train() {
+  for (int64_t step = first_step_; step < total_; ++step) {
+    if (cancel_ != nullptr && cancel_->load())
+      return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
+    if (suspend_ != nullptr && suspend_->load()) {
+      if (!spec_.checkpoint_dir.empty() && step > last_checkpoint_) SLIDE_RETURN_IF_ERROR(Checkpoint(step));
+      result_.suspended = true;
+      return Status::Ok();
+    }
+    std::vector<MicroBatch> mbs;
+    for (int64_t a = 0; a < accum_; ++a) mbs.push_back(ToMicroBatch(ds_.train, order_->Next(micro_)));
+    StepStats st = trainer_->Step(mbs);
+    result_.steps = st.step;
+    result_.final_loss = st.loss;
+    ReportStep(st);
+    if (!spec_.checkpoint_dir.empty() && spec_.checkpoint_every > 0 && st.step % spec_.checkpoint_every == 0 &&
+        st.step < total_)
+      SLIDE_RETURN_IF_ERROR(Checkpoint(st.step));
+  }
+  return Status::Ok();
+}
+
+Status TrainingRun::Finish() {
+  if (!ds_.eval.empty()) {
+    result_.eval_loss = trainer_->EvalLoss(HeldOutBatches(ds_, micro_));
+    Log("held-out loss " + std::to_string(result_.eval_loss));
+  }
+  ModelParams final_weights = trainer_->Master();
+  ExportOptions export_options;
+  export_options.dtype = spec_.export_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
+  SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec_.output_dir, spec_.model_dir, final_weights, export_options));
+  result_.export_dir = spec_.output_dir;
+  Log("exported to " + spec_.output_dir);
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& cb,
                                         const std::atomic<bool>* cancel, const std::atomic<bool>* suspend) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
@@ -240,151 +431,12 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
   // The export is written only after every step: a location that cannot take it fails the job now.
   if (Status st = MakeDirs(spec.output_dir); !st.ok()) return st.WithContext("job field 'output_dir'");
   ScopedFileConfinement confine(ConfinementRoots(spec));
-  auto log = [&](const std::string& m) {
-    if (cb.on_log) cb.on_log(m);
-  };
   try {
-    const bool cuda = UsesCuda(spec);
-    if (cuda && !at::hasCUDA())
-      return Status(StatusCode::kFailedPrecondition, "device 'cuda' requested but no CUDA device is present");
-    const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const c10::ScalarType dtype = ComputeDtype(spec, cuda);
-
-    SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
-    SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec, cfg));
-    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "model config read"));
-    SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJobDataset(spec, cfg));
-    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "dataset tokenized"));
-    log("dataset: " + std::to_string(ds.stats.samples) + " samples, " + std::to_string(ds.train.size()) +
-        " training and " + std::to_string(ds.eval.size()) + " held-out sequences of " + std::to_string(spec.seq_len) +
-        " tokens; " + std::to_string(ds.stats.skipped) + " lines skipped");
-    for (const auto& e : ds.stats.errors) log("skipped: " + e);
-
-    const int64_t micro = MicroBatchSize(spec);
-    const int64_t accum = spec.batch_size / micro;
-    const int64_t n_train = static_cast<int64_t>(ds.train.size());
-    const int64_t total = spec.steps > 0
-                              ? spec.steps
-                              : std::max<int64_t>(1, (spec.epochs * n_train + spec.batch_size - 1) / spec.batch_size);
-
-    TrainerOptions o;
-    o.adamw = {.lr = spec.lr,
-               .beta1 = spec.adam_beta1,
-               .beta2 = spec.adam_beta2,
-               .eps = spec.adam_eps,
-               .weight_decay = spec.weight_decay};
-    o.schedule = {.kind = ParseLrScheduleKind(spec.lr_schedule).value(),
-                  .peak_lr = spec.lr,
-                  .warmup_steps = spec.warmup_steps,
-                  .total_steps = total};
-    o.max_grad_norm = spec.max_grad_norm;
-    o.compute_dtype = dtype;
-    o.device = device;
-    PlanRequest plan_request = MakePlanRequest(spec, cuda);
-    SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
-    SLIDE_RETURN_IF_ERROR(Cancelled(cancel, "weights loaded"));
-    MemoryPlan plan;
-    SLIDE_ASSIGN_OR_RETURN(auto trainer,
-                           SlidingTrainer::Create(cfg, std::move(master), {.train = o}, plan_request, &plan));
-    log("memory plan:\n" + plan.ToString());
-    log("training " + std::to_string(total) + " steps on " + (cuda ? "cuda" : "cpu") + " in " +
-        (dtype == c10::kBFloat16 ? "bf16" : "fp32"));
-
-    BatchOrder order(n_train, spec.seed);
-    TrainingResult result;
-    const double n_params = static_cast<double>(cfg.TotalParamCount());
-    // What a checkpoint must match to be resumed by this job.
-    const std::string fingerprint =
-        "params=" + std::to_string(cfg.TotalParamCount()) + " layers=" + std::to_string(cfg.num_layers) +
-        " batch=" + std::to_string(spec.batch_size) + " micro=" + std::to_string(micro) +
-        " seq=" + std::to_string(spec.seq_len) + " train_sequences=" + std::to_string(n_train) +
-        " seed=" + std::to_string(spec.seed) + " total_steps=" + std::to_string(total);
-    int64_t first_step = 0;
-    if (!spec.checkpoint_dir.empty()) {
-      SLIDE_ASSIGN_OR_RETURN(auto resumed, LoadTrainingCheckpoint(spec.checkpoint_dir, fingerprint, *trainer));
-      if (resumed) {
-        first_step = resumed->step;
-        order.Seek({resumed->order_epoch, resumed->order_index});
-        result.resumed_from = first_step;
-        result.steps = first_step;
-        result.final_loss = resumed->loss;
-        log("resumed from the checkpoint at step " + std::to_string(first_step));
-      }
-    }
-    int64_t last_checkpoint = first_step;  // the newest step on disk (or the start)
-    auto checkpoint = [&](int64_t steps_done) -> Status {
-      CheckpointInfo info;
-      info.step = steps_done;
-      info.total_steps = total;
-      info.order_epoch = order.position().epoch;
-      info.order_index = order.position().index;
-      info.loss = result.final_loss;
-      info.fingerprint = fingerprint;
-      trainer->WaitForUpdates();  // the step's own update time is not the checkpoint's
-      const auto t0 = std::chrono::steady_clock::now();
-      SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec.checkpoint_dir, info, *trainer));
-      last_checkpoint = steps_done;
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
-      const double gb = 12.0 * static_cast<double>(cfg.TotalParamCount()) / 1e9;
-      char line[160];
-      std::snprintf(line, sizeof(line), "checkpoint at step %lld: %.2f GB in %.2f s (%.2f GB/s)",
-                    static_cast<long long>(steps_done), gb, secs, secs > 0 ? gb / secs : 0.0);
-      log(line);
-      return Status::Ok();
-    };
-    for (int64_t step = first_step; step < total; ++step) {
-      if (cancel != nullptr && cancel->load())
-        return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
-      if (suspend != nullptr && suspend->load()) {
-        if (!spec.checkpoint_dir.empty() && step > last_checkpoint) SLIDE_RETURN_IF_ERROR(checkpoint(step));
-        result.suspended = true;
-        return result;
-      }
-      std::vector<MicroBatch> mbs;
-      for (int64_t a = 0; a < accum; ++a) mbs.push_back(ToMicroBatch(ds.train, order.Next(micro)));
-      StepStats st = trainer->Step(mbs);
-      const ResourceBusy& b = trainer->last_busy();
-      result.steps = st.step;
-      result.final_loss = st.loss;
-      if (cb.on_step && (st.step % spec.log_every == 0 || st.step == total)) {
-        TrainingStepEvent e;
-        e.step = st.step;
-        e.total_steps = total;
-        e.loss = st.loss;
-        e.lr = st.lr;
-        e.grad_norm = st.grad_norm;
-        e.step_seconds = b.step;
-        const double tokens = static_cast<double>(spec.batch_size * spec.seq_len);
-        e.tokens_per_second = b.step > 0 ? tokens / b.step : 0;
-        e.model_tflops = b.step > 0 ? 6.0 * n_params * tokens / b.step / 1e12 : 0;
-        e.compute_seconds = b.compute;
-        e.h2d_seconds = b.h2d;
-        e.d2h_seconds = b.d2h;
-        e.cpu_update_seconds = b.cpu_update;
-        e.update_wait_seconds = b.wait_update;
-        e.overlap_ratio = b.OverlapRatio();
-        e.device_bytes = DeviceReservedBytes(cuda);
-        e.host_bytes = ResidentHostBytes();
-        e.pinned_bytes = trainer->pinned_bytes();
-        e.bounded_by = cuda ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
-        cb.on_step(e);
-      }
-      if (!spec.checkpoint_dir.empty() && spec.checkpoint_every > 0 && st.step % spec.checkpoint_every == 0 &&
-          st.step < total)
-        SLIDE_RETURN_IF_ERROR(checkpoint(st.step));
-    }
-    if (!ds.eval.empty()) {
-      result.eval_loss = trainer->EvalLoss(HeldOutBatches(ds, micro));
-      log("held-out loss " + std::to_string(result.eval_loss));
-    }
-    ModelParams final_weights = trainer->Master();
-    ExportOptions export_options;
-    export_options.dtype = spec.export_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
-    SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec.output_dir, spec.model_dir, final_weights, export_options));
-    result.export_dir = spec.output_dir;
-    log("exported to " + spec.output_dir);
-    return result;
+    TrainingRun run(spec, cb, cancel, suspend);
+    SLIDE_RETURN_IF_ERROR(run.Prepare());
+    SLIDE_RETURN_IF_ERROR(run.Train());
+    if (!run.result().suspended) SLIDE_RETURN_IF_ERROR(run.Finish());
+    return run.result();
   } catch (const c10::OutOfMemoryError& e) {
     return ResourceExhausted(std::string("out of memory: ") + e.what_without_backtrace());
   } catch (const c10::Error& e) {
