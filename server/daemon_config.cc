@@ -111,6 +111,14 @@ Status Check(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("config field '" + field + "' " + what);
 }
 
+// The host of HOST:PORT or [IPV6]:PORT (brackets removed).
+std::string ListenHost(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 // HOST:PORT (or [IPV6]:PORT, or unix:PATH): the port present and in 0..65535 (0 picks a free one), the host
 // resolvable. gRPC would otherwise wrap a port past 65535 and take 443 for a missing one.
 Status CheckListenAddress(const std::string& field, const std::string& address) {
@@ -119,11 +127,9 @@ Status CheckListenAddress(const std::string& field, const std::string& address) 
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size())
     return InvalidArgument(where + " needs HOST:PORT, e.g. 127.0.0.1:50151");
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
+  const std::string port = address.substr(colon + 1), host = ListenHost(address);
   if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stol(port) > 65535)
     return InvalidArgument(where + ": port '" + port + "' is not a number in 0..65535");
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) return InvalidArgument(where + ": the host is empty");
   if (host == "*") return Status::Ok();  // every interface
   addrinfo hints{};
@@ -137,9 +143,7 @@ Status CheckListenAddress(const std::string& field, const std::string& address) 
 
 bool IsLoopbackAddress(const std::string& host_port) {
   if (host_port.rfind("unix:", 0) == 0) return true;
-  const size_t colon = host_port.rfind(':');
-  std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string host = ListenHost(host_port);
   in_addr v4{};
   return host == "localhost" || host == "::1" ||
          (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && host.rfind("127.", 0) == 0);

@@ -44,7 +44,7 @@ Status ValidateJobName(const std::string& name) {
   // (U+202A..U+202E, U+2066..U+2069) can rewrite what a terminal shows.
   for (size_t i = 0; i < name.size();) {
     const auto c = static_cast<unsigned char>(name[i]);
-    const size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    const size_t len = Utf8Len(c);
     uint32_t cp = len == 1 ? c : c & (0x7F >> len);
     for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
     if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069))

@@ -47,10 +47,12 @@ struct DeviceQueue::Cuda {
                     std::vector<TraceSpan>* spans, Event* end, double end_host) {
     double ms = 0;
     for (auto& [a, b] : v) {
-      ms += a->elapsed_time(*b);
-      if (spans != nullptr)
-        spans->push_back({lane, lane + 4, end_host - b->elapsed_time(*end) / 1e3 - a->elapsed_time(*b) / 1e3,
-                          end_host - b->elapsed_time(*end) / 1e3});
+      const double seg_ms = a->elapsed_time(*b);
+      ms += seg_ms;
+      if (spans != nullptr) {
+        const double t1 = end_host - b->elapsed_time(*end) / 1e3;
+        spans->push_back({lane, lane + 4, t1 - seg_ms / 1e3, t1});
+      }
     }
     v.clear();
     return ms / 1e3;

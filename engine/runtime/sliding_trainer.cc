@@ -243,11 +243,12 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
       CpuAdamW(span, a, simd_);
     }
     if (copy_f32) staging_[unit].copy_(master_.units[unit]);
-    update_ns_ += NowNs() - t0;
+    const int64_t took_ns = NowNs() - t0;
+    update_ns_ += took_ns;
     if (opts_.trace) {
       std::lock_guard<std::mutex> lock(trace_mu_);
       const double now = TraceNow();
-      pending_trace_.push_back({"update", "adamw " + std::to_string(unit), now - (NowNs() - t0) / 1e9, now});
+      pending_trace_.push_back({"update", "adamw " + std::to_string(unit), now - took_ns / 1e9, now});
     }
   });
 }
