@@ -5,6 +5,8 @@
 //   SHAPE: llama-1b | llama-3b | llama-8b | tiny, or a Hugging Face model directory (its config.json gives the
 //   shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
 // SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
+// SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
+// NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it).
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -49,6 +51,29 @@ int main(int argc, char** argv) {
     cfg = bench::LlamaShape(shape);
   }
   const char* trace_out = std::getenv("SLIDE_TRACE_OUT");
+  auto env_int = [](const char* name, int64_t fallback) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
+  };
+  StateTierOptions nvme;
+  if (const char* mode = std::getenv("SLIDE_NVME_STATE"); mode != nullptr && *mode != '\0') {
+    auto parsed = ParseTierMode(mode);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "sliding_bench: %s\n", parsed.status().ToString().c_str());
+      return 2;
+    }
+    nvme.mode = *parsed;
+    const std::string dirs = std::getenv("SLIDE_NVME_DIR") != nullptr ? std::getenv("SLIDE_NVME_DIR") : "/var/tmp";
+    for (size_t start = 0; start <= dirs.size();) {
+      const size_t colon = std::min(dirs.find(':', start), dirs.size());
+      if (colon > start) nvme.io.dirs.push_back(dirs.substr(start, colon - start));
+      start = colon + 1;
+    }
+    nvme.chunk_bytes = static_cast<size_t>(env_int("SLIDE_NVME_CHUNK_MB", 32)) << 20;
+    nvme.buffers = static_cast<int>(env_int("SLIDE_NVME_BUFFERS", 6));
+    nvme.io.queue_depth = static_cast<unsigned>(env_int("SLIDE_NVME_QD", 32));
+    nvme.io.io_threads = static_cast<int>(env_int("SLIDE_NVME_THREADS", 2));
+  }
   PlanRequest plan_request;
   plan_request.model = cfg;
   plan_request.micro_batch = batch;
@@ -57,6 +82,9 @@ int main(int argc, char** argv) {
   plan_request.window = window;
   plan_request.checkpoints = CheckpointPlacement::kDevice;
   plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
+  plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
+  plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
+  plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
   const MemoryPlan plan = PlanMemory(plan_request).value();
   std::fprintf(stderr, "%s", plan.ToString().c_str());
   ModelParams init = bench::RandomLlamaParams(cfg);
@@ -69,12 +97,17 @@ int main(int argc, char** argv) {
   o.device = device;
   o.loss.chunk_tokens = 4096;
   const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
-  SlidingTrainer trainer(cfg, std::move(init),
-                         {.train = o,
-                          .window = window,
-                          .checkpoints_on_host = false,
-                          .device_budget_bytes = gpu_budget,
-                          .trace = trace_out != nullptr});
+  SlidingOptions so{.train = o,
+                    .window = window,
+                    .checkpoints_on_host = false,
+                    .device_budget_bytes = gpu_budget,
+                    .trace = trace_out != nullptr};
+  so.nvme = nvme;
+  SlidingTrainer trainer(cfg, std::move(init), so);
+  if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
+  // The tier's traffic from here on: steps + 1 update passes (the warm-up's included), all drained at the end.
+  const int64_t nvme_read0 = trainer.tier() ? trainer.tier()->store().bytes_read() : 0;
+  const int64_t nvme_written0 = trainer.tier() ? trainer.tier()->store().bytes_written() : 0;
 
   auto batch_for = [&](int64_t s) {
     at::manual_seed(s);
@@ -90,9 +123,12 @@ int main(int argc, char** argv) {
     loss = trainer.Step(batch_for(s)).loss;
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
-        sum.wait_update += b.wait_update, sum.step += b.step;
+        sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step;
   }
-  trainer.WaitForUpdates();  // drain the last step's updates so their time counts
+  if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
+    std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
   if (trace_out != nullptr && !trainer.last_trace().empty()) {
     double origin = trainer.last_trace().front().t0;
     for (const auto& span : trainer.last_trace()) origin = std::min(origin, span.t0);
@@ -112,6 +148,12 @@ int main(int argc, char** argv) {
   const double tflops = (6.0 * n * tokens + attn) / secs / 1e12;
   const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
+  sum.nvme /= steps;
+  // Bytes per update pass; the rate as `steps` passes over the timed wall time (the last step's drain included,
+  // the warm-up pass's tail overlapping the first timed step).
+  const double nvme_read = trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + 1) : 0;
+  const double nvme_written =
+      trainer.tier() ? double(trainer.tier()->store().bytes_written() - nvme_written0) / (steps + 1) : 0;
   sum.step = secs / steps;  // mean Step() time
   const char* bound = sum.Bound();
   std::printf(
@@ -121,9 +163,12 @@ int main(int argc, char** argv) {
       "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
       "\"planned_gpu_bytes\": %lld, "
-      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, "
+      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
+      "\"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": %.0f, "
+      "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
+      "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
       "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
       "{\"reserved_after_step1\": "
       "%lld, \"reserved_after_last\": %lld, \"cudamalloc_calls_after_step1\": %lld, \"cudamalloc_calls_after_last\": "
@@ -133,9 +178,14 @@ int main(int argc, char** argv) {
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
-      double(PeakResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, bound,
-      sum.OverlapRatio(), loss, (long long)gpu_budget, (long long)after_first.reserved_bytes,
-      (long long)after_last.reserved_bytes, (long long)after_first.segments_allocated,
-      (long long)after_last.segments_allocated, (long long)after_last.alloc_retries, (long long)after_last.ooms);
+      double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update,
+      sum.wait_update, TierModeName(nvme.mode), sum.nvme, nvme_read, nvme_written,
+      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
+      trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
+      (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
+      (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
+      (long long)after_last.alloc_retries, (long long)after_last.ooms);
   return 0;
 }

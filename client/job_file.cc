@@ -64,6 +64,7 @@ std::string LoadJobFile(const std::string& path, JobSpec* spec) {
       {"window", [](JobSpec* s, const YAML::Node& n) { s->set_window(n.as<int64_t>()); }},
       {"activation_placement", str(&JobSpec::set_activation_placement)},
       {"export_dtype", str(&JobSpec::set_export_dtype)},
+      {"nvme_state", str(&JobSpec::set_nvme_state)},
       {"checkpoint_every", [](JobSpec* s, const YAML::Node& n) { s->set_checkpoint_every(n.as<int64_t>()); }},
       {"allow_seq_len_beyond_model",
        [](JobSpec* s, const YAML::Node& n) { s->set_allow_seq_len_beyond_model(n.as<bool>()); }},

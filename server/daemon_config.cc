@@ -32,6 +32,14 @@ jobs:
   checkpoint_every: 100    # optimizer steps between checkpoints when a job does not say
   max_events_per_job: 4096
   gpu_budget_bytes: 25769803776   # 24 GiB
+nvme:                      # the optimizer state's disk tier, for jobs that set nvme_state
+  dirs: []                 # one directory per local disk; [] = jobs cannot use the tier
+  backend: auto            # auto (io_uring, else pread/pwrite) | io_uring | pread
+  queue_depth: 32          # requests in flight per I/O thread
+  io_threads: 2
+  request_bytes: 1048576   # one I/O request (a multiple of 4096)
+  chunk_bytes: 33554432    # one array of one chunk in the ring (a multiple of 4096)
+  buffers: 6               # chunks in the ring: read ahead, updating, written behind
 )";
 
 namespace {
@@ -71,6 +79,19 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"checkpoint_every", Int(&DaemonConfig::checkpoint_every)},
         {"max_events_per_job", Int(&DaemonConfig::max_events_per_job)},
         {"gpu_budget_bytes", Int(&DaemonConfig::gpu_budget_bytes)}}},
+      {"nvme",
+       {{"dirs",
+         [](DaemonConfig* c, const YAML::Node& n) {
+           if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+           c->nvme_dirs.clear();
+           for (const auto& r : n) c->nvme_dirs.push_back(r.as<std::string>());
+         }},
+        {"backend", Str(&DaemonConfig::nvme_backend)},
+        {"queue_depth", Int(&DaemonConfig::nvme_queue_depth)},
+        {"io_threads", Int(&DaemonConfig::nvme_io_threads)},
+        {"request_bytes", Int(&DaemonConfig::nvme_request_bytes)},
+        {"chunk_bytes", Int(&DaemonConfig::nvme_chunk_bytes)},
+        {"buffers", Int(&DaemonConfig::nvme_buffers)}}},
   };
   return *schema;
 }
@@ -87,7 +108,7 @@ Status Apply(const std::string& file, const YAML::Node& root, DaemonConfig* c) {
     auto s = Schema().find(section);
     if (s == Schema().end())
       return InvalidArgument(Where(file, sec->first, section) +
-                             ": unknown section (expected server, storage, security or jobs)");
+                             ": unknown section (expected server, storage, security, jobs or nvme)");
     if (sec->second.IsNull()) continue;
     if (!sec->second.IsMap()) return InvalidArgument(Where(file, sec->second, section) + ": must be a mapping");
     std::set<std::string> keys_seen;
@@ -172,6 +193,20 @@ StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
   for (size_t i = 0; i < c.allowed_roots.size(); ++i)
     SLIDE_RETURN_IF_ERROR(Check(!c.allowed_roots[i].empty() && c.allowed_roots[i][0] == '/',
                                 "security.allowed_roots[" + std::to_string(i) + "]", "must be an absolute path"));
+  for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
+    SLIDE_RETURN_IF_ERROR(Check(!c.nvme_dirs[i].empty() && c.nvme_dirs[i][0] == '/',
+                                "nvme.dirs[" + std::to_string(i) + "]", "must be an absolute path"));
+  SLIDE_RETURN_IF_ERROR(Check(c.nvme_backend == "auto" || c.nvme_backend == "io_uring" || c.nvme_backend == "pread",
+                              "nvme.backend", "must be auto, io_uring or pread, got '" + c.nvme_backend + "'"));
+  SLIDE_RETURN_IF_ERROR(
+      Check(c.nvme_queue_depth >= 1 && c.nvme_queue_depth <= 4096, "nvme.queue_depth", "must be in [1, 4096]"));
+  SLIDE_RETURN_IF_ERROR(
+      Check(c.nvme_io_threads >= 1 && c.nvme_io_threads <= 64, "nvme.io_threads", "must be in [1, 64]"));
+  SLIDE_RETURN_IF_ERROR(Check(c.nvme_request_bytes >= 4096 && c.nvme_request_bytes % 4096 == 0, "nvme.request_bytes",
+                              "must be a positive multiple of 4096"));
+  SLIDE_RETURN_IF_ERROR(Check(c.nvme_chunk_bytes >= 4096 && c.nvme_chunk_bytes % 4096 == 0, "nvme.chunk_bytes",
+                              "must be a positive multiple of 4096"));
+  SLIDE_RETURN_IF_ERROR(Check(c.nvme_buffers >= 2 && c.nvme_buffers <= 1024, "nvme.buffers", "must be in [2, 1024]"));
   return c;
 }
 

@@ -26,6 +26,10 @@ struct DaemonConfig {
   int64_t checkpoint_every = 0;  // default for jobs that leave it at 0
   int64_t max_events_per_job = 0;
   int64_t gpu_budget_bytes = 0;  // default per-job GPU budget
+  // The NVMe tier for jobs that set nvme_state: directories (one per disk), backend and I/O shape.
+  std::vector<std::string> nvme_dirs;
+  std::string nvme_backend;  // auto | io_uring | pread
+  int64_t nvme_queue_depth = 0, nvme_io_threads = 0, nvme_request_bytes = 0, nvme_chunk_bytes = 0, nvme_buffers = 0;
 };
 
 extern const char kDefaultDaemonConfigYaml[];

@@ -56,6 +56,7 @@ Status ValidateJobName(const std::string& name) {
 
 TrainingJobSpec JobManager::Confined(TrainingJobSpec spec) const {
   spec.allowed_roots = options_.allowed_roots;  // the daemon's roots now, never a stored copy
+  spec.nvme = options_.nvme;                    // likewise the tier's directories
   return spec;
 }
 

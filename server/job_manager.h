@@ -27,6 +27,7 @@ struct JobManagerOptions {
   int64_t default_checkpoint_every = 100;  // for jobs that leave checkpoint_every at 0 (needs a store)
   JobObserver* observer = nullptr;         // metrics
   std::vector<std::string> allowed_roots;  // every file a job opens must resolve under one of these (empty: any)
+  StateTierOptions nvme;                   // the NVMe tier's directories and I/O settings (mode set by each job)
 };
 
 // Job names are shown in terminals and logs: bounded, valid UTF-8, no control characters.

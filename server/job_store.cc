@@ -22,7 +22,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainingJobSpec, model_dir, data
                                                 dataset_format, chat_template, sequence_mode, bad_lines, eval_fraction,
                                                 device, compute_dtype, gpu_budget_bytes, window, activation_placement,
                                                 log_every, checkpoint_dir, checkpoint_every, export_dtype,
-                                                allow_seq_len_beyond_model)
+                                                allow_seq_len_beyond_model, nvme_state)
 
 namespace {
 

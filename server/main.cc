@@ -119,6 +119,13 @@ int main(int argc, char** argv) {
   jm.default_checkpoint_every = config.checkpoint_every;
   jm.observer = &metrics;
   jm.allowed_roots = config.allowed_roots;
+  jm.nvme.io.dirs = config.nvme_dirs;
+  jm.nvme.io.backend = config.nvme_backend;
+  jm.nvme.io.queue_depth = static_cast<unsigned>(config.nvme_queue_depth);
+  jm.nvme.io.io_threads = static_cast<int>(config.nvme_io_threads);
+  jm.nvme.io.request_bytes = static_cast<size_t>(config.nvme_request_bytes);
+  jm.nvme.chunk_bytes = static_cast<size_t>(config.nvme_chunk_bytes);
+  jm.nvme.buffers = static_cast<int>(config.nvme_buffers);
   std::vector<std::string> problems;
   slide::JobManager jobs(jm, &problems);
   for (const auto& p : problems) std::fprintf(stderr, "slided: skipped unreadable job state: %s\n", p.c_str());

@@ -102,6 +102,7 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   s.checkpoint_every = p.checkpoint_every();
   if (!p.export_dtype().empty()) s.export_dtype = p.export_dtype();
   s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
+  if (!p.nvme_state().empty()) s.nvme_state = p.nvme_state();
   return s;
 }
 

@@ -123,15 +123,33 @@ std::string NvmeStore::description() const {
          std::to_string(options_.queue_depth) + notes_;
 }
 
-std::future<Status> NvmeStore::Write(size_t unit, const void* src) { return Post(unit, true, const_cast<void*>(src)); }
+std::future<Status> NvmeStore::Write(size_t unit, const void* src) {
+  return Post(unit, true, const_cast<void*>(src), 0, unit < padded_.size() ? padded_[unit] : 0);
+}
 
-std::future<Status> NvmeStore::Read(size_t unit, void* dst) { return Post(unit, false, dst); }
+std::future<Status> NvmeStore::Read(size_t unit, void* dst) {
+  return Post(unit, false, dst, 0, unit < padded_.size() ? padded_[unit] : 0);
+}
 
-std::future<Status> NvmeStore::Post(size_t unit, bool write, void* buf) {
+std::future<Status> NvmeStore::WriteRange(size_t unit, uint64_t offset, size_t bytes, const void* src) {
+  return Post(unit, true, const_cast<void*>(src), offset, bytes);
+}
+
+std::future<Status> NvmeStore::ReadRange(size_t unit, uint64_t offset, size_t bytes, void* dst) {
+  return Post(unit, false, dst, offset, bytes);
+}
+
+std::future<Status> NvmeStore::Post(size_t unit, bool write, void* buf, uint64_t offset, size_t bytes) {
   std::promise<Status> p;
   std::future<Status> f = p.get_future();
   if (unit >= padded_.size()) {
     p.set_value(InvalidArgument("NVMe tier has no unit " + std::to_string(unit)));
+    return f;
+  }
+  if (offset % options_.block_bytes != 0 || bytes % options_.block_bytes != 0 || offset + bytes > padded_[unit]) {
+    p.set_value(InvalidArgument("NVMe tier range [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                                ") of unit " + std::to_string(unit) + " is not block-aligned inside its " +
+                                std::to_string(padded_[unit]) + " bytes"));
     return f;
   }
   if (reinterpret_cast<uintptr_t>(buf) % options_.block_bytes != 0) {
@@ -142,7 +160,7 @@ std::future<Status> NvmeStore::Post(size_t unit, bool write, void* buf) {
   Worker& w = *workers_[unit % workers_.size()];
   {
     std::lock_guard<std::mutex> lock(w.mu);
-    w.queue.push_back(Task{unit, write, buf, std::move(p)});
+    w.queue.push_back(Task{unit, write, buf, offset, bytes, std::move(p)});
   }
   w.cv.notify_one();
   return f;
@@ -158,13 +176,13 @@ void NvmeStore::Loop(Worker& w) {
       task = std::move(w.queue.front());
       w.queue.pop_front();
     }
-    const size_t bytes = padded_[task.unit];
+    const size_t bytes = task.bytes;
     std::vector<IoRequest> requests;
     for (size_t off = 0; off < bytes; off += options_.request_bytes) {
       IoRequest r;
       r.fd = fds_[task.unit];
       r.write = task.write;
-      r.offset = off;
+      r.offset = task.offset + off;
       r.buf = static_cast<char*>(task.buf) + off;
       r.len = std::min(options_.request_bytes, bytes - off);
       r.path = &paths_[task.unit];

@@ -64,6 +64,9 @@ class NvmeStore {
   // Writes / reads PaddedBytes(unit) bytes of a block-aligned buffer that stays valid until the future is ready.
   std::future<Status> Write(size_t unit, const void* src);
   std::future<Status> Read(size_t unit, void* dst);
+  // The same for `bytes` at `offset` inside the unit's file: both block-aligned, within PaddedBytes(unit).
+  std::future<Status> WriteRange(size_t unit, uint64_t offset, size_t bytes, const void* src);
+  std::future<Status> ReadRange(size_t unit, uint64_t offset, size_t bytes, void* dst);
 
   std::string description() const;  // backend, O_DIRECT or buffered, and the reason for any fallback
   const std::string& backend_name() const { return backend_name_; }
@@ -75,6 +78,8 @@ class NvmeStore {
     size_t unit;
     bool write;
     void* buf;
+    uint64_t offset;
+    size_t bytes;
     std::promise<Status> done;
   };
   struct Worker {
@@ -86,7 +91,7 @@ class NvmeStore {
     std::thread thread;
   };
   NvmeStore() = default;
-  std::future<Status> Post(size_t unit, bool write, void* buf);
+  std::future<Status> Post(size_t unit, bool write, void* buf, uint64_t offset, size_t bytes);
   void Loop(Worker& w);
 
   NvmeOptions options_;

@@ -89,13 +89,15 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   // Host side.
   const int64_t n = layout.TotalNumel();
   const int64_t e = c10::elementSize(r.compute_dtype);
-  best.master_bytes = 4 * n;
-  best.moments_bytes = 8 * n;
+  best.master_bytes = r.master_on_nvme ? 0 : 4 * n;
+  best.moments_bytes = r.moments_on_nvme ? 0 : 8 * n;
+  best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
+  best.nvme_bytes = (r.moments_on_nvme ? 8 * n : 0) + (r.master_on_nvme ? 4 * n : 0);
   best.staging_bytes = e * n;
   best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
-  best.host_total =
-      best.master_bytes + best.moments_bytes + best.staging_bytes + best.grad_bytes + best.host_checkpoint_bytes;
+  best.host_total = best.master_bytes + best.moments_bytes + best.staging_bytes + best.grad_bytes +
+                    best.host_checkpoint_bytes + best.nvme_ring_bytes;
   if (r.host_budget_bytes > 0 && best.host_total > r.host_budget_bytes) {
     return ResourceExhausted("the job needs " + FormatBytes(best.host_total) +
                              " of host memory, but the host budget is " + FormatBytes(r.host_budget_bytes) + ":\n" +
@@ -125,7 +127,12 @@ std::string MemoryPlan::ToString() const {
   row("compute-dtype staging", staging_bytes);
   row("gradient buffers", grad_bytes);
   row("layer inputs", host_checkpoint_bytes);
+  if (nvme_bytes > 0) row("NVMe tier ring buffers", nvme_ring_bytes);
   row("total", host_total);
+  if (nvme_bytes > 0) {
+    out += "NVMe\n";
+    row("optimizer state on disk", nvme_bytes);
+  }
   return out;
 }
 

@@ -27,6 +27,10 @@ struct PlanRequest {
   int64_t window = 0;             // 0: the planner chooses
   CheckpointPlacement checkpoints = CheckpointPlacement::kAuto;
   int64_t device_reserved_bytes = 1ll << 30;  // CUDA context, cuBLAS workspaces, allocator slack
+  // The NVMe tier: which optimizer arrays live on disk, and the host ring its I/O goes through.
+  bool moments_on_nvme = false;
+  bool master_on_nvme = false;
+  int64_t nvme_ring_bytes = 0;
 };
 
 struct MemoryPlan {
@@ -45,7 +49,9 @@ struct MemoryPlan {
   int64_t staging_bytes = 0;  // compute-dtype weights the forward loads (gradients land here without accumulation)
   int64_t grad_bytes = 0;     // gradient landing and fp32 accumulation buffers
   int64_t host_checkpoint_bytes = 0;
+  int64_t nvme_ring_bytes = 0;  // the NVMe tier's chunk buffers
   int64_t host_total = 0;
+  int64_t nvme_bytes = 0;  // optimizer state on disk
 
   std::string ToString() const;  // a readable table
 };

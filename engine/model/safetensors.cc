@@ -170,20 +170,30 @@ at::Tensor SafetensorsFile::View(const SafetensorsEntry& entry) const {
 
 Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  std::vector<std::pair<std::string, at::Tensor>> sorted;
-  for (const auto& [name, t] : tensors) sorted.emplace_back(name, t.detach().to(at::kCPU).contiguous());
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<StreamedTensor> streamed;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+    streamed.push_back({name, cpu.scalar_type(), cpu.sizes().vec(), [cpu]() -> StatusOr<at::Tensor> { return cpu; }});
+  }
+  return WriteSafetensorsStreamed(path, std::move(streamed), metadata);
+}
 
+Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTensor> tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const auto& [name, t] = sorted[i];
-    if (i > 0 && sorted[i - 1].first == name) return InvalidArgument(path + ": tensor '" + name + "' given twice");
-    std::string dtype = SafetensorsDtypeName(t.scalar_type());
-    if (dtype.empty()) return InvalidArgument(path + ": tensor '" + name + "' has an unsupported dtype");
-    const uint64_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const StreamedTensor& t = tensors[i];
+    if (i > 0 && tensors[i - 1].name == t.name) return InvalidArgument(path + ": tensor '" + t.name + "' given twice");
+    std::string dtype = SafetensorsDtypeName(t.dtype);
+    if (dtype.empty()) return InvalidArgument(path + ": tensor '" + t.name + "' has an unsupported dtype");
+    uint64_t bytes = c10::elementSize(t.dtype);
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    sizes.push_back(bytes);
     offset += bytes;
   }
   std::string text = header.dump();
@@ -199,10 +209,23 @@ Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : sorted)
-      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+    for (size_t i = 0; i < tensors.size() && out; ++i) {
+      StatusOr<at::Tensor> produced = tensors[i].produce();
+      if (!produced.ok()) {
+        ::unlink(tmp.c_str());
+        return produced.status().WithContext(path + ": tensor '" + tensors[i].name + "'");
+      }
+      const at::Tensor t = produced->contiguous();
+      if (t.scalar_type() != tensors[i].dtype || static_cast<uint64_t>(t.nbytes()) != sizes[i] || !t.is_cpu())
+        return Internal(path + ": tensor '" + tensors[i].name + "' was produced with another dtype or size");
+      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(sizes[i]));
+    }
     out.flush();
-    if (!out) return Internal(tmp + ": write failed (" + std::strerror(errno) + ")");
+    if (!out) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      return Internal(tmp + ": write failed (" + std::strerror(err) + ")");
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,17 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // Writes tensors (any device; copied to CPU contiguous) to `path` through a temporary file + rename.
 Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// A tensor written without holding every other one in memory: `produce` is called once, in name order, when
+// its bytes are due, and must return a CPU tensor of `dtype` and `shape` (e.g. read back from the NVMe tier).
+struct StreamedTensor {
+  std::string name;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<int64_t> shape;
+  std::function<StatusOr<at::Tensor>()> produce;
+};
+Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTensor> tensors,
+                                const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 // "BF16" <-> kBFloat16 etc. Supported: F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL.
 StatusOr<c10::ScalarType> SafetensorsDtypeFromName(const std::string& name);

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 
 #include "engine/runtime/device_info.h"
 
@@ -29,33 +31,46 @@ int64_t NowNs() {
 
 }  // namespace
 
-double ResourceBusy::MaxResource() const { return std::max({compute, h2d, d2h, cpu_update}); }
+double ResourceBusy::MaxResource() const { return std::max({compute, h2d, d2h, cpu_update, nvme}); }
 
 double ResourceBusy::OverlapRatio() const { return MaxResource() > 0 ? step / MaxResource() : 0; }
 
 const char* ResourceBusy::Bound() const {
-  if (wait_update > 0.2 * step) return "update_dependency";
+  if (wait_update > 0.2 * step) return nvme > cpu_update ? "nvme" : "update_dependency";
   const char* name = "gpu_compute";
   double most = compute;
   if (h2d > most) name = "h2d", most = h2d;
   if (d2h > most) name = "d2h", most = d2h;
-  if (cpu_update > most) name = "cpu_update";
+  if (cpu_update > most) name = "cpu_update", most = cpu_update;
+  if (nvme > most) name = "nvme";
   return name;
 }
 
-SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options)
-    : cfg_(std::move(cfg)), layout_(master_fp32.layout), opts_(std::move(options)), simd_(DetectSimdLevel()) {
-  master_ = master_fp32.To(at::TensorOptions().dtype(at::kFloat));
-  Init();
-}
+SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options,
+                               std::unique_ptr<StateTier> tier)
+    : SlidingTrainer(std::move(cfg), master_fp32.To(at::TensorOptions().dtype(at::kFloat)), std::move(options),
+                     std::move(tier)) {}
 
-SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options)
-    : cfg_(std::move(cfg)), layout_(master_fp32.layout), opts_(std::move(options)), simd_(DetectSimdLevel()) {
+SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options,
+                               std::unique_ptr<StateTier> tier)
+    : cfg_(std::move(cfg)),
+      layout_(master_fp32.layout),
+      opts_(std::move(options)),
+      simd_(DetectSimdLevel()),
+      tier_(std::move(tier)) {
   bool adoptable = true;
   for (const auto& t : master_fp32.units)
     adoptable = adoptable && t.scalar_type() == at::kFloat && t.is_cpu() && t.is_contiguous();
   master_ = adoptable ? std::move(master_fp32) : master_fp32.To(at::TensorOptions().dtype(at::kFloat));
   Init();
+}
+
+StatusOr<std::unique_ptr<StateTier>> SlidingTrainer::OpenTier(const ModelLayout& layout,
+                                                              const SlidingOptions& options) {
+  if (options.nvme.mode == TierMode::kNone) return std::unique_ptr<StateTier>();
+  std::vector<int64_t> numel;
+  for (const auto& u : layout.units) numel.push_back(u.numel);
+  return StateTier::Open(options.nvme, numel);
 }
 
 StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerOptions& train, PlanRequest request) {
@@ -72,7 +87,9 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
   options.window = plan.window;
   options.checkpoints_on_host = plan.checkpoints_on_host;
   options.device_budget_bytes = request.device_budget_bytes;
-  auto trainer = std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options));
+  SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, options));
+  auto trainer =
+      std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options), std::move(tier));
   trainer->planned_tokens_ = request.micro_batch * request.seq_len;
   if (plan_out != nullptr) *plan_out = plan;
   return trainer;
@@ -88,16 +105,29 @@ void SlidingTrainer::Init() {
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
   queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
 
-  exp_avg_ = ZeroParams(layout_, host_f32);
-  exp_avg_sq_ = ZeroParams(layout_, host_f32);
+  if (!tier_ && opts_.nvme.mode != TierMode::kNone) {
+    auto tier = OpenTier(layout_, opts_);
+    TORCH_CHECK(tier.ok(), tier.status().ToString());
+    tier_ = std::move(tier).value();
+  }
+  const bool master_on_disk = tier_ && tier_->holds_master();
+  if (!tier_) {
+    exp_avg_ = ZeroParams(layout_, host_f32);
+    exp_avg_sq_ = ZeroParams(layout_, host_f32);
+  }
   const size_t n_units = layout_.units.size();
   unit_sqnorm_.assign(n_units, 0.0);
   for (size_t u = 0; u < n_units; ++u) {
-    if (dtype == c10::kFloat && !on_cuda_) {
+    if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
     } else {
       staging_.push_back(queue_->AllocateHost(layout_.units[u].numel, dtype));
       staging_.back().copy_(master_.units[u]);
+    }
+    if (master_on_disk) {  // unit by unit, so the host never holds the fp32 model and all its staging at once
+      Status st = tier_->WriteArray(u, kMasterArray, master_.units[u].data_ptr<float>());
+      TORCH_CHECK(st.ok(), "writing the master weights to the NVMe tier: ", st.ToString());
+      master_.units[u] = at::Tensor();
     }
   }
 
@@ -179,7 +209,7 @@ at::Tensor SlidingTrainer::Unpark(const at::Tensor& parked) {
 // weights are not read again until the update has overwritten them with the new weights (AdamW reads the
 // gradient and writes the bf16 weight element by element in place). Saves 2 bytes per parameter.
 at::Tensor SlidingTrainer::LandingBuffer(size_t unit) {
-  const bool in_staging = accum_ == 1 && staging_[unit].data_ptr() != master_.units[unit].data_ptr();
+  const bool in_staging = accum_ == 1 && !staging_[unit].is_same(master_.units[unit]);
   if (in_staging) return staging_[unit];
   if (grad_host_.empty()) {
     for (const auto& u : layout_.units) grad_host_.push_back(queue_->AllocateHost(u.numel, opts_.train.compute_dtype));
@@ -214,43 +244,81 @@ void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool f
   });
 }
 
+void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg,
+                                 float* exp_avg_sq, const at::Tensor& grad, const AdamWStepArgs& args) {
+  const bool f32_grad = grad.scalar_type() == at::kFloat;
+  const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;
+  const int64_t end = begin + n;
+  for (const auto& spec : layout_.units[unit].params) {
+    const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
+    if (lo >= hi) continue;
+    AdamWStepArgs a = args;
+    if (!spec.weight_decay) a.hp.weight_decay = 0;
+    AdamWSpan span;
+    span.param = master + (lo - begin);
+    span.exp_avg = exp_avg + (lo - begin);
+    span.exp_avg_sq = exp_avg_sq + (lo - begin);
+    if (f32_grad) {
+      span.grad_f32 = grad.data_ptr<float>() + lo;
+    } else {
+      span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(grad.data_ptr()) + lo;
+    }
+    if (write_bf16) span.out_bf16 = reinterpret_cast<c10::BFloat16*>(staging_[unit].data_ptr()) + lo;
+    span.n = hi - lo;
+    CpuAdamW(span, a, simd_);
+  }
+  // fp32 compute with its own staging (CUDA, or a master on disk): the forward loads a copy of the master.
+  const bool copy_f32 = !write_bf16 && staging_[unit].data_ptr<float>() + begin != master;
+  if (copy_f32) std::memcpy(staging_[unit].data_ptr<float>() + begin, master, n * sizeof(float));
+}
+
 void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_t step) {
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
+  if (tier_) tier_->Schedule(unit);  // its state starts coming in now, in the order the worker runs updates
   worker_->Post(unit, [this, unit, lr, grad_scale, step, grad] {
     const int64_t t0 = NowNs();
-    const bool f32_grad = grad.scalar_type() == at::kFloat;
-    const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;
-    const bool copy_f32 = !write_bf16 && staging_[unit].data_ptr() != master_.units[unit].data_ptr();
+    int64_t io_waited = 0;
     AdamWStepArgs args;
     args.hp = opts_.train.adamw;
     args.hp.lr = lr;
     args.step = step;
     args.grad_scale = grad_scale;
-    for (const auto& spec : layout_.units[unit].params) {
-      AdamWStepArgs a = args;
-      if (!spec.weight_decay) a.hp.weight_decay = 0;
-      AdamWSpan span;
-      span.param = master_.units[unit].data_ptr<float>() + spec.offset;
-      span.exp_avg = exp_avg_.units[unit].data_ptr<float>() + spec.offset;
-      span.exp_avg_sq = exp_avg_sq_.units[unit].data_ptr<float>() + spec.offset;
-      if (f32_grad) {
-        span.grad_f32 = grad.data_ptr<float>() + spec.offset;
-      } else {
-        span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(grad.data_ptr()) + spec.offset;
-      }
-      if (write_bf16) span.out_bf16 = reinterpret_cast<c10::BFloat16*>(staging_[unit].data_ptr()) + spec.offset;
-      span.n = spec.numel;
-      CpuAdamW(span, a, simd_);
+    if (!tier_) {
+      UpdateRange(unit, 0, layout_.units[unit].numel, master_.units[unit].data_ptr<float>(),
+                  exp_avg_.units[unit].data_ptr<float>(), exp_avg_sq_.units[unit].data_ptr<float>(), grad, args);
+    } else {
+      float* host_master = tier_->holds_master() ? nullptr : master_.units[unit].data_ptr<float>();
+      const int64_t waited_before = tier_->io_wait_ns();
+      Status st = tier_->Update(unit, [&](const StateTier::Chunk& c) {
+        float* m = host_master != nullptr ? host_master + c.begin : c.array[kMasterArray];
+        UpdateRange(unit, c.begin, c.n, m, c.array[kExpAvg], c.array[kExpAvgSq], grad, args);
+      });
+      io_waited = tier_->io_wait_ns() - waited_before;
+      nvme_wait_ns_ += io_waited;
+      if (!st.ok()) throw std::runtime_error("unit " + std::to_string(unit) + ": " + st.ToString());
     }
-    if (copy_f32) staging_[unit].copy_(master_.units[unit]);
     const int64_t took_ns = NowNs() - t0;
-    update_ns_ += took_ns;
+    update_ns_ += took_ns - io_waited;  // CPU time; the disk's share is counted as nvme
     if (opts_.trace) {
       std::lock_guard<std::mutex> lock(trace_mu_);
       const double now = TraceNow();
       pending_trace_.push_back({"update", "adamw " + std::to_string(unit), now - took_ns / 1e9, now});
     }
   });
+}
+
+void SlidingTrainer::CheckUpdates() {
+  std::string error = worker_->TakeError();
+  if (update_error_.empty()) update_error_ = error;
+  TORCH_CHECK(update_error_.empty(), "optimizer update failed: ", update_error_);
+}
+
+Status SlidingTrainer::SyncUpdates() {
+  worker_->WaitAll();
+  std::string error = worker_->TakeError();
+  if (update_error_.empty()) update_error_ = error;
+  if (!update_error_.empty()) return Internal("optimizer update failed: " + update_error_);
+  return tier_ ? tier_->Flush() : Status::Ok();
 }
 
 // Embedding and layers without autograd, keeping each layer's input in `parked` when given; window-1 layers
@@ -302,10 +370,9 @@ double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
 
 StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
-  std::string pending_error = worker_->TakeError();
-  TORCH_CHECK(pending_error.empty(), "optimizer update failed: ", pending_error);
+  CheckUpdates();
   busy_ = ResourceBusy{};
-  const int64_t update_ns_before = update_ns_.load();
+  const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load();
   ScopedTimer step_timer(busy_.step);
 
   for (const auto& mb : micro_batches)
@@ -384,6 +451,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
 
   // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
   stats.loss = loss_sum.item<double>();
+  CheckUpdates();  // an update that failed during this step (this step's forward may have read its unit)
   double sq = 0;
   if (accum_ > 1) {
     ScopedTimer t(busy_.wait_update);
@@ -415,23 +483,51 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.h2d = q.h2d;
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
+  busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;
   return stats;
 }
 
 ModelParams SlidingTrainer::Master() {
-  worker_->WaitAll();
-  return master_.To(at::TensorOptions().dtype(at::kFloat));
+  Status st = SyncUpdates();
+  TORCH_CHECK(st.ok(), st.ToString());
+  if (!tier_ || !tier_->holds_master()) return master_.To(at::TensorOptions().dtype(at::kFloat));
+  ModelParams out = ZeroParams(layout_, at::TensorOptions().dtype(at::kFloat));
+  for (size_t u = 0; u < out.units.size(); ++u) {
+    st = tier_->ReadArray(u, kMasterArray, out.units[u].data_ptr<float>());
+    TORCH_CHECK(st.ok(), st.ToString());
+  }
+  return out;
 }
 
-SlidingTrainer::OptimizerState SlidingTrainer::MutableState() {
-  worker_->WaitAll();
-  return {&master_, &exp_avg_, &exp_avg_sq_};
+StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
+  if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  const StateArray array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
+  const bool on_disk = tier_ && (array != kMasterArray || tier_->holds_master());
+  if (!on_disk) return (kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit];
+  at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
+  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(unit, array, out.data_ptr<float>()));
+  return out;
+}
+
+Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) {
+  if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  const StateArray array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
+  const bool on_disk = tier_ && (array != kMasterArray || tier_->holds_master());
+  if (!on_disk) {
+    (kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit].copy_(src);
+    return Status::Ok();
+  }
+  const at::Tensor f32 = src.to(at::kFloat).contiguous();
+  SLIDE_RETURN_IF_ERROR(tier_->WriteArray(unit, array, f32.data_ptr<float>()));
+  if (array == kMasterArray) staging_[unit].copy_(f32);  // StateRestored cannot read a master it does not hold
+  return Status::Ok();
 }
 
 void SlidingTrainer::StateRestored(int64_t steps_done) {
   worker_->WaitAll();
   for (size_t u = 0; u < layout_.units.size(); ++u)
-    if (!staging_[u].is_same(master_.units[u])) staging_[u].copy_(master_.units[u]);  // RNE, as AdamW writes it
+    if (master_.units[u].defined() && !staging_[u].is_same(master_.units[u]))
+      staging_[u].copy_(master_.units[u]);  // RNE, as AdamW writes it
   step_ = steps_done;
   ++weights_version_;  // every slot and edge unit reloads
 }

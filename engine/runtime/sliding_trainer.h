@@ -9,7 +9,8 @@
 //             layer i+1 loads while layer i computes and gradients stream out during the backward;
 //   update    CPU AdamW per unit on the UpdateWorker thread, as gradients land (no clipping) or, with exact
 //             global-norm clipping, once every unit's norm is in; the next step's forward waits per unit, so
-//             updates overlap the next forward and are never stale.
+//             updates overlap the next forward and are never stale. With the NVMe tier the moments (and
+//             optionally the master) are read ahead chunk by chunk in update order and written back behind.
 // The device may be the CPU itself (tests and CI run the whole schedule that way).
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/io/state_tier.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/optim/cpu_adamw.h"
 #include "engine/runtime/device_queue.h"
@@ -36,6 +38,7 @@ struct SlidingOptions {
   bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
   int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
   bool trace = false;                // keep each step's timeline (last_trace)
+  StateTierOptions nvme{};           // mode none: all optimizer state in host memory
 };
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
@@ -45,6 +48,7 @@ struct ResourceBusy {
   double h2d = 0;
   double d2h = 0;
   double cpu_update = 0;   // gradient accumulation, host norms and AdamW (posted in this step)
+  double nvme = 0;         // update tasks waiting on the NVMe tier (reads not in yet, write-backs pending)
   double wait_update = 0;  // engine thread blocked on a unit's update before loading it
   double step = 0;         // wall time of Step()
   double MaxResource() const;
@@ -53,15 +57,22 @@ struct ResourceBusy {
   double OverlapRatio() const;
   // What bounds the step: the busiest resource, or "update_dependency" when the engine waited on updates for
   // more than a fifth of the step (exact clipping puts every update after the backward's norm, so the next
-  // forward waits for them whatever the resource totals say).
+  // forward waits for them whatever the resource totals say), or "nvme" when those updates mostly waited on
+  // the disk.
   const char* Bound() const;
 };
 
 class SlidingTrainer {
  public:
-  SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options);  // copies the weights
+  // Copies the weights. With options.nvme set the tier is opened here (a failure throws); Create reports it as a
+  // status instead, or pass a tier opened for this layout.
+  SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options,
+                 std::unique_ptr<StateTier> tier = nullptr);
   // Adopts the buffers when they already are fp32 on the host (no second copy of a large model).
-  SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options);
+  SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options,
+                 std::unique_ptr<StateTier> tier = nullptr);
+  // Opens the NVMe tier `options` asks for (null for mode none): the disk is reserved here.
+  static StatusOr<std::unique_ptr<StateTier>> OpenTier(const ModelLayout& layout, const SlidingOptions& options);
 
   // Plans memory for `request` (micro-batch, sequence, budgets; window 0 = choose) and builds the trainer with
   // that plan. A job that cannot fit is refused here, with the numbers, before anything large is allocated;
@@ -79,17 +90,18 @@ class SlidingTrainer {
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
-  // The optimizer state's host buffers once every posted update has finished (views, no copies): read them
-  // for a checkpoint, or overwrite them and call StateRestored(step) to resume from one.
-  struct OptimizerState {
-    ModelParams* master;
-    ModelParams* exp_avg;
-    ModelParams* exp_avg_sq;
-  };
-  OptimizerState MutableState();
+  // The optimizer state, for checkpoints: `kind` 0 master, 1 exp_avg, 2 exp_avg_sq of `unit`, fp32[numel].
+  // Call SyncUpdates first. Reading gives the host buffer itself when resident (do not keep it across a step),
+  // a copy read from disk when on the NVMe tier. After writing every unit, call StateRestored.
+  StatusOr<at::Tensor> ReadState(int kind, size_t unit);
+  Status WriteState(int kind, size_t unit, const at::Tensor& src);
   // After the state was overwritten: the next step is `steps_done` + 1 and every unit is reloaded from it.
   void StateRestored(int64_t steps_done);
   void WaitForUpdates();  // every posted update has finished
+  // Every posted update has finished and its write-back landed; the first update or NVMe error if any.
+  Status SyncUpdates();
+  const ModelLayout& layout() const { return layout_; }
+  const StateTier* tier() const { return tier_.get(); }  // null without the NVMe tier
   const ResourceBusy& last_busy() const { return busy_; }
   // With options.trace: the spans of the last step, from its start until its GPU work finished (updates it
   // posted that ran on into the next step are in the next step's trace).
@@ -108,6 +120,10 @@ class SlidingTrainer {
   at::Tensor LandingBuffer(size_t unit);
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
+  // AdamW over elements [begin, begin + n) of `unit`; master, exp_avg and exp_avg_sq point at element `begin`.
+  void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
+                   const at::Tensor& grad, const AdamWStepArgs& args);
+  void CheckUpdates();  // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
   at::Tensor Park(const at::Tensor& x, int64_t index);
   at::Tensor Unpark(const at::Tensor& parked);
@@ -120,8 +136,11 @@ class SlidingTrainer {
   SimdLevel simd_;
   int64_t accum_ = 1;
 
-  // Host state, one flat buffer per unit (see ParamLayout).
+  // Host state, one flat buffer per unit (see ParamLayout). With the NVMe tier the arrays it holds are empty
+  // here and live in tier_'s files.
   ModelParams master_, exp_avg_, exp_avg_sq_;
+  std::unique_ptr<StateTier> tier_;
+  std::string update_error_;               // the first failed update
   std::vector<at::Tensor> staging_;        // compute-dtype weights the forward loads (aliases master_ in fp32)
   std::vector<at::Tensor> grad_host_;      // returned gradients that cannot land in staging_ (fp32, accumulation)
   std::vector<at::Tensor> grad_accum_;     // fp32 sums over micro-batches (gradient accumulation only)
@@ -140,6 +159,7 @@ class SlidingTrainer {
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
   std::atomic<int64_t> update_ns_{0};
+  std::atomic<int64_t> nvme_wait_ns_{0};
   ResourceBusy busy_;
   std::vector<TraceSpan> trace_;          // the last step's timeline (options.trace)
   std::vector<TraceSpan> pending_trace_;  // spans since then; update tasks append from the worker thread

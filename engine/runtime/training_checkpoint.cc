@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "engine/common/files.h"
@@ -22,11 +23,7 @@ std::string StepDirName(int64_t step) {
   return name;
 }
 
-const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq"};
-
-ModelParams* StateOf(const SlidingTrainer::OptimizerState& s, int kind) {
-  return kind == 0 ? s.master : kind == 1 ? s.exp_avg : s.exp_avg_sq;
-}
+const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq"};  // SlidingTrainer::ReadState's kinds
 
 }  // namespace
 
@@ -35,14 +32,19 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
   const std::string name = StepDirName(info.step), step_dir = dir + "/" + name;
   SLIDE_RETURN_IF_ERROR(RemoveTree(step_dir));  // a torn attempt at the same step
   SLIDE_RETURN_IF_ERROR(MakeDirs(step_dir));
-  SlidingTrainer::OptimizerState state = trainer.MutableState();
-  NamedTensors tensors;
-  for (int kind = 0; kind < 3; ++kind) {
-    const ModelParams* p = StateOf(state, kind);
-    for (size_t u = 0; u < p->units.size(); ++u)
-      tensors.emplace_back(std::string(kKinds[kind]) + "." + std::to_string(u), p->units[u]);
-  }
-  SLIDE_RETURN_IF_ERROR(WriteSafetensors(step_dir + "/optimizer.safetensors", tensors, {{"format", "slideformer"}}));
+  SLIDE_RETURN_IF_ERROR(trainer.SyncUpdates());
+  // Streamed unit by unit: with the NVMe tier the state is read back from disk as the file is written, so the
+  // host never holds more than one unit's array.
+  std::vector<StreamedTensor> tensors;
+  const ModelLayout& layout = trainer.layout();
+  for (int kind = 0; kind < 3; ++kind)
+    for (size_t u = 0; u < layout.units.size(); ++u)
+      tensors.push_back({std::string(kKinds[kind]) + "." + std::to_string(u),
+                         c10::kFloat,
+                         {layout.units[u].numel},
+                         [&trainer, kind, u] { return trainer.ReadState(kind, u); }});
+  SLIDE_RETURN_IF_ERROR(
+      WriteSafetensorsStreamed(step_dir + "/optimizer.safetensors", std::move(tensors), {{"format", "slideformer"}}));
   nlohmann::json j = {{"format", kFormat},
                       {"step", info.step},
                       {"total_steps", info.total_steps},
@@ -110,25 +112,25 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
   if (!opened.ok()) return DataLoss("checkpoint is corrupt: " + opened.status().message());
   std::shared_ptr<SafetensorsFile> file = std::move(opened).value();
   // Every tensor is checked before any is copied: a bad file leaves the trainer's state untouched.
-  SlidingTrainer::OptimizerState state = trainer.MutableState();
-  if (file->entries().size() != 3 * state.master->units.size())
+  SLIDE_RETURN_IF_ERROR(trainer.SyncUpdates());
+  const ModelLayout& layout = trainer.layout();
+  if (file->entries().size() != 3 * layout.units.size())
     return DataLoss("checkpoint '" + tensors_path + "' has " + std::to_string(file->entries().size()) +
-                    " tensors, expected " + std::to_string(3 * state.master->units.size()));
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (source view, destination)
+                    " tensors, expected " + std::to_string(3 * layout.units.size()));
+  std::vector<std::tuple<int, size_t, at::Tensor>> copies;  // (kind, unit, source view)
   for (int kind = 0; kind < 3; ++kind) {
-    ModelParams* p = StateOf(state, kind);
-    for (size_t u = 0; u < p->units.size(); ++u) {
+    for (size_t u = 0; u < layout.units.size(); ++u) {
       const std::string name = std::string(kKinds[kind]) + "." + std::to_string(u);
       const SafetensorsEntry* e = file->Find(name);
       if (e == nullptr) return DataLoss("checkpoint '" + tensors_path + "' lacks tensor '" + name + "'");
       at::Tensor v = file->View(*e);
-      if (v.scalar_type() != at::kFloat || v.dim() != 1 || v.numel() != p->units[u].numel())
+      if (v.scalar_type() != at::kFloat || v.dim() != 1 || v.numel() != layout.units[u].numel)
         return DataLoss("checkpoint '" + tensors_path + "' tensor '" + name + "' is not fp32[" +
-                        std::to_string(p->units[u].numel()) + "]");
-      copies.emplace_back(v, p->units[u]);
+                        std::to_string(layout.units[u].numel) + "]");
+      copies.emplace_back(kind, u, v);
     }
   }
-  for (auto& [src, dst] : copies) dst.copy_(src);
+  for (auto& [kind, unit, src] : copies) SLIDE_RETURN_IF_ERROR(trainer.WriteState(kind, unit, src));
   trainer.StateRestored(info.step);
   return std::optional<CheckpointInfo>(info);
 }

@@ -46,6 +46,14 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
   return {ids, ShiftLabels(labels)};
 }
 
+// The daemon's tier settings with the job's mode (validated before this is called).
+StateTierOptions TierOptions(const TrainingJobSpec& spec) {
+  StateTierOptions o = spec.nvme;
+  auto mode = ParseTierMode(spec.nvme_state);
+  o.mode = mode.ok() ? *mode : TierMode::kNone;
+  return o;
+}
+
 PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   const int64_t micro = MicroBatchSize(spec);
   PlanRequest r;
@@ -59,7 +67,18 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
                   : spec.activation_placement == "host" ? CheckpointPlacement::kHost
                                                         : CheckpointPlacement::kAuto;
   if (!cuda) r.device_reserved_bytes = 0;
+  const StateTierOptions tier = TierOptions(spec);
+  r.moments_on_nvme = tier.mode != TierMode::kNone;
+  r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
+  r.nvme_ring_bytes = StateTierRingBytes(tier);
   return r;
+}
+
+SlidingOptions JobSlidingOptions(const TrainingJobSpec& spec, const TrainerOptions& train) {
+  SlidingOptions o;
+  o.train = train;
+  o.nvme = TierOptions(spec);
+  return o;
 }
 
 // The roots the job's file reads are confined to: the allowed roots plus the daemon's own checkpoint directory.
@@ -140,8 +159,8 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
     o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
     const int64_t micro = MicroBatchSize(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
-    SLIDE_ASSIGN_OR_RETURN(auto trainer,
-                           SlidingTrainer::Create(cfg, std::move(master), {.train = o}, MakePlanRequest(spec, cuda)));
+    SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), JobSlidingOptions(spec, o),
+                                                                MakePlanRequest(spec, cuda)));
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
   } catch (const c10::Error& e) {
     return Internal(e.what_without_backtrace());
@@ -207,6 +226,11 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
   SLIDE_RETURN_IF_ERROR(Field(s.export_dtype == "bf16" || s.export_dtype == "fp32", "export_dtype",
                               "must be bf16 or fp32, got '" + s.export_dtype + "'"));
+  SLIDE_RETURN_IF_ERROR(Field(ParseTierMode(s.nvme_state).ok(), "nvme_state",
+                              "must be none, moments or moments_and_master, got '" + s.nvme_state + "'"));
+  if (s.nvme_state != "none" && s.nvme.io.dirs.empty())
+    return FailedPrecondition("job field 'nvme_state' is '" + s.nvme_state +
+                              "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");
   return Status::Ok();
 }
 
@@ -312,9 +336,10 @@ Status TrainingRun::Prepare() {
   SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat));
   SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "weights loaded"));
   MemoryPlan plan;
-  SLIDE_ASSIGN_OR_RETURN(
-      trainer_, SlidingTrainer::Create(cfg_, std::move(master), {.train = o}, MakePlanRequest(spec_, cuda_), &plan));
+  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), JobSlidingOptions(spec_, o),
+                                                          MakePlanRequest(spec_, cuda_), &plan));
   Log("memory plan:\n" + plan.ToString());
+  if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
       (dtype == c10::kBFloat16 ? "bf16" : "fp32"));
 

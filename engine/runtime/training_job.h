@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/io/state_tier.h"
 
 namespace slide {
 
@@ -47,6 +48,11 @@ struct TrainingJobSpec {
   int64_t window = 0;                         // 0 = the planner chooses
   std::string activation_placement = "auto";  // auto | device | host
   int64_t log_every = 1;
+  // Optimizer state on local disk through the NVMe tier: none | moments | moments_and_master.
+  std::string nvme_state = "none";
+  // Set by the daemon (its `nvme` section), not by users: the tier's directories and I/O settings. A job that
+  // asks for nvme_state without directories is refused.
+  StateTierOptions nvme{};
   std::string export_dtype = "bf16";  // bf16 | fp32: the dtype of the exported weights
   // Checkpoints (everything to resume exactly; see training_checkpoint.h). An empty directory disables them.
   // When the directory already holds a checkpoint of this job, the job resumes from it.

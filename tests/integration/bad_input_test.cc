@@ -254,4 +254,56 @@ TEST(BadInput, BearerSchemeIsCaseInsensitiveAndHealthKnowsTheService) {
   EXPECT_EQ(Health(d, "slide.v1.Slide"), Serving::SERVING);
 }
 
+// The NVMe tier belongs to the daemon: a job asking for it where none is configured, or with a mode that does
+// not exist, is refused at submission naming the field; a tier directory that has gone away fails only the job
+// that needed it, and the daemon runs the next one. A job with its optimizer state on the tier trains and exports,
+// and its files are gone afterwards.
+TEST(BadInput, NvmeStateNeedsTheDaemonsTierAndABrokenTierFailsOnlyItsJob) {
+  Scratch root("nvme");
+  {
+    Daemon plain;
+    ASSERT_GT(plain.port(), 0) << plain.Log();
+    v1::JobSpec spec = DemoJobSpec((root / "out-plain").string(), 3);
+    spec.set_nvme_state("moments");
+    grpc::Status s;
+    Submit(plain, spec, &s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_TRUE(Contains(s.error_message(), "nvme.dirs")) << s.error_message();
+    spec.set_nvme_state("moment");
+    Submit(plain, spec, &s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_TRUE(Contains(s.error_message(), "nvme_state")) << s.error_message();
+  }
+  const fs::path nvme = root / "nvme";
+  fs::create_directories(nvme);
+  const std::string config = (root / "slided.yaml").string();
+  std::ofstream(config) << "nvme:\n  dirs: [" << nvme.string() << "]\n  chunk_bytes: 65536\n  buffers: 3\n";
+  Daemon d(DaemonOptions{.extra_args = {"--config", config}});
+  ASSERT_GT(d.port(), 0) << d.Log();
+  v1::JobSpec on_disk = DemoJobSpec((root / "out-tier").string(), 3);
+  on_disk.set_nvme_state("moments_and_master");
+  grpc::Status s;
+  const std::string ok_id = Submit(d, on_disk, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Job done = WaitFinal(d, ok_id);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error();
+  EXPECT_TRUE(fs::exists(root / "out-tier" / "model.safetensors"));
+  EXPECT_TRUE(fs::is_empty(nvme));
+
+  fs::remove_all(nvme);  // the disk went away between jobs
+  on_disk.set_output_dir((root / "out-gone").string());
+  on_disk.set_nvme_state("moments");
+  const std::string failed_id = Submit(d, on_disk, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Job failed = WaitFinal(d, failed_id);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.step(), 0);
+  EXPECT_TRUE(Contains(failed.error(), nvme.string() + "/slide-unit-00000-")) << failed.error();
+  EXPECT_TRUE(Contains(failed.error(), "cannot create")) << failed.error();
+
+  const std::string next_id = Submit(d, DemoJobSpec((root / "out-next").string(), 3), &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(WaitFinal(d, next_id).state(), v1::SUCCEEDED);
+}
+
 }  // namespace

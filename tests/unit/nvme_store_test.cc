@@ -23,43 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/scratch_dir.h"
+
 namespace slide {
 namespace {
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    char tmpl[] = "/var/tmp/slide-nvme-XXXXXX";  // a disk, not tmpfs: O_DIRECT works there
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~ScratchDir() {
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (e->d_name[0] != '.') ::unlink((path_ + "/" + e->d_name).c_str());
-      ::closedir(d);
-    }
-    ::rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  std::vector<std::string> Files() const {
-    std::vector<std::string> out;
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (e->d_name[0] != '.') out.push_back(path_ + "/" + e->d_name);
-      ::closedir(d);
-    }
-    return out;
-  }
-
- private:
-  std::string path_;
-};
-
-std::vector<std::string> Backends() {
-  std::vector<std::string> b = {"pread"};
-  if (IoUringCompiledIn()) b.push_back("io_uring");
-  return b;
-}
 
 // Writes random bytes to every unit, reads them back into cleared buffers and compares each unit's bytes.
 void RoundTrip(NvmeStore& store, const std::vector<size_t>& sizes, uint32_t seed) {

@@ -12,6 +12,7 @@
 #include "engine/runtime/device_info.h"
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
+#include "tests/support/scratch_dir.h"
 
 namespace slide {
 namespace {
@@ -50,7 +51,21 @@ struct Case {
   int64_t window;
   int64_t accum;
   double max_grad_norm;
+  TierMode tier = TierMode::kNone;
 };
+
+// The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
+// models spans several chunks and the ring wraps many times a step.
+StateTierOptions SmallTier(TierMode mode, const ScratchDir& dir, const std::string& backend = "auto") {
+  StateTierOptions o;
+  o.mode = mode;
+  o.io.dirs = {dir.path()};
+  o.io.backend = backend;
+  o.io.request_bytes = 8192;
+  o.chunk_bytes = 4096;
+  o.buffers = 3;
+  return o;
+}
 
 void RunEquivalence(const Case& c, c10::Device device) {
   ModelFixture fx = ModelFixture::Load(c.arch);
@@ -65,7 +80,10 @@ void RunEquivalence(const Case& c, c10::Device device) {
 
   TrainerOptions o = Options(c.dtype, c.max_grad_norm, device);
   ReferenceTrainer ref(cfg, params, o);
-  SlidingTrainer slide(cfg, params, {.train = o, .window = c.window, .checkpoints_on_host = device.is_cuda()});
+  ScratchDir nvme_dir;
+  SlidingOptions so{.train = o, .window = c.window, .checkpoints_on_host = device.is_cuda()};
+  so.nvme = SmallTier(c.tier, nvme_dir);
+  SlidingTrainer slide(cfg, params, so);
   const bool fp32 = c.dtype == c10::kFloat;
   double worst_loss = 0, worst_norm = 0, mean_norm = 0, early = 0;
   for (int64_t s = 0; s < 20; ++s) {
@@ -117,11 +135,13 @@ void RunEquivalence(const Case& c, c10::Device device) {
     EXPECT_LE(worst_update, 5e-2);
   }
   std::printf(
-      "SLIDING %-8s %s window %lld accum %lld clip %.1f: first 3 steps rel %.1e, loss rel %.2e, grad-norm rel %.2e "
+      "SLIDING %-8s %s window %lld accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, loss rel %.2e, grad-norm rel "
+      "%.2e "
       "(mean %.1e), weight "
       "updates %s %.2e over 20 steps\n",
       c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.accum,
-      c.max_grad_norm, early, worst_loss, worst_norm, mean_norm, fp32 ? "max-rel" : "norm-rel", worst_update);
+      c.max_grad_norm, TierModeName(c.tier), early, worst_loss, worst_norm, mean_norm, fp32 ? "max-rel" : "norm-rel",
+      worst_update);
 }
 
 TEST(SlidingTrainer, EqualsReferenceFp32WithAccumulationAndClipping) {
@@ -141,6 +161,50 @@ TEST(SlidingTrainer, EqualsReferenceBf16) {
 }
 
 // No accumulation in bf16: gradients land in the staging buffers and AdamW rewrites them in place.
+// The NVMe tier keeps the semantics: the same tolerances against the reference, with the moments (fp32,
+// accumulation, clipping) and with moments and master on disk (bf16 with gradients landing in staging; fp32
+// with a tied embedding in one slot).
+TEST(SlidingTrainer, EqualsReferenceWithMomentsOnNvme) {
+  RunEquivalence({"llama3", c10::kFloat, 2, 2, 1.0, TierMode::kMoments}, c10::Device(c10::kCPU));
+}
+
+TEST(SlidingTrainer, EqualsReferenceWithMomentsAndMasterOnNvme) {
+  RunEquivalence({"qwen2", c10::kFloat, 1, 1, 0.5, TierMode::kMomentsAndMaster}, c10::Device(c10::kCPU));
+  RunEquivalence({"mistral", c10::kBFloat16, 1, 1, 1.0, TierMode::kMomentsAndMaster}, c10::Device(c10::kCPU));
+  RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0, TierMode::kMoments}, c10::Device(c10::kCPU));
+}
+
+// Stronger than the tolerances: the tier changes where the state lives, not the arithmetic, so training with it
+// is bit-identical to training without it (losses, norms and every master weight), on both I/O backends.
+TEST(SlidingTrainer, NvmeTierIsBitIdenticalToHostState) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, cfg, c10::kFloat));
+  for (const char* backend : {"pread", "io_uring"})
+    for (TierMode mode : {TierMode::kMoments, TierMode::kMomentsAndMaster})
+      for (int64_t accum : {1, 2}) {
+        TrainerOptions o = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU));
+        ScratchDir dir;
+        SlidingOptions tiered{.train = o, .window = 1};
+        tiered.nvme = SmallTier(mode, dir, backend);
+        if (std::string(backend) == "io_uring") tiered.nvme.io.backend = "auto";  // pread where io_uring is refused
+        SlidingTrainer host(cfg, init, {.train = o, .window = 1});
+        SlidingTrainer disk(cfg, init, tiered);
+        for (int64_t s = 0; s < 6; ++s) {
+          auto mbs = Batch(s, accum, cfg.vocab_size, c10::Device(c10::kCPU));
+          StepStats a = host.Step(mbs), b = disk.Step(mbs);
+          EXPECT_EQ(a.loss, b.loss) << "step " << s;
+          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+        }
+        ModelParams ma = host.Master(), mb = disk.Master();
+        for (size_t u = 0; u < ma.units.size(); ++u)
+          EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << backend << " " << TierModeName(mode) << " unit " << u;
+        ASSERT_NE(disk.tier(), nullptr);
+        EXPECT_GT(disk.tier()->store().bytes_read(), 0);
+        EXPECT_GT(disk.tier()->store().bytes_written(), 0);
+      }
+}
+
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {
   RunEquivalence({"mistral", c10::kBFloat16, 1, 1, 1.0}, c10::Device(c10::kCPU));
   RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0}, c10::Device(c10::kCPU));

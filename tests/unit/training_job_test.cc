@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
+#include "tests/support/scratch_dir.h"
 
 namespace slide {
 namespace {
@@ -198,11 +200,16 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
 }
 
 // Suspend (checkpoint at a step boundary) and run again: the resumed steps are bit-identical to an
-// uninterrupted run (CPU fp32: same data order, same optimizer state, same LR).
-TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
+// uninterrupted run (CPU fp32: same data order, same optimizer state, same LR). Each of the three runs keeps its
+// optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory).
+void ExpectExactResume(const std::array<std::string, 3>& nvme_state) {
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
+  ScratchDir nvme_dir;
+  spec.nvme.io.dirs = {nvme_dir.path()};
+  spec.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
+  spec.nvme_state = nvme_state[0];
   std::vector<double> straight;
   TrainingCallbacks record{nullptr, [&](const TrainingStepEvent& e) { straight.push_back(e.loss); }};
   testing::ValueOrDie(RunTrainingJob(spec, record, nullptr));
@@ -216,6 +223,7 @@ TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
                           first.emplace_back(e.step, e.loss);
                           if (e.step == 5) suspend = true;
                         }};
+  spec.nvme_state = nvme_state[1];
   TrainingResult r1 = testing::ValueOrDie(RunTrainingJob(spec, cb1, nullptr, &suspend));
   EXPECT_TRUE(r1.suspended);
   EXPECT_EQ(r1.steps, 5);
@@ -227,6 +235,7 @@ TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(out.File("ckpt/step-00000004")));
 
   TrainingCallbacks cb2{nullptr, [&](const TrainingStepEvent& e) { second.emplace_back(e.step, e.loss); }};
+  spec.nvme_state = nvme_state[2];
   TrainingResult r2 = testing::ValueOrDie(RunTrainingJob(spec, cb2, nullptr));
   EXPECT_EQ(r2.resumed_from, 5);
   EXPECT_EQ(r2.steps, 8);
@@ -236,6 +245,38 @@ TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
     EXPECT_EQ(second[i].first, int64_t(6 + i));
     EXPECT_EQ(second[i].second, straight[5 + i]) << "step " << second[i].first;  // bit-identical
   }
+  EXPECT_TRUE(nvme_dir.Files().empty());  // the tier's files go with the job
+}
+
+TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) { ExpectExactResume({"none", "none", "none"}); }
+
+// Checkpoints of a job whose state is on the NVMe tier hold the state read back from disk, and a job resumes
+// onto the tier from them, whichever tier wrote them.
+TEST(TrainingJob, ResumesExactlyWithStateOnNvme) {
+  ExpectExactResume({"none", "moments_and_master", "moments_and_master"});
+  ExpectExactResume({"moments", "moments_and_master", "none"});
+}
+
+// The tier's settings come from the daemon: a job asking for it without directories is refused, a bad mode names
+// the field, and a directory the tier cannot create its files in fails that job before any step.
+TEST(TrainingJob, NvmeStateNeedsAUsableDirectory) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.nvme_state = "moment";
+  auto r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(r.status().message(), "nvme_state");
+  spec.nvme_state = "moments";
+  r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  ExpectContains(r.status().message(), "nvme.dirs");
+  spec.nvme.io.dirs = {out.File("no-such-dir")};
+  int steps = 0;
+  r = RunTrainingJob(spec, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
+  EXPECT_FALSE(r.ok());
+  ExpectContains(r.status().message(), out.File("no-such-dir") + "/slide-unit-00000-");
+  ExpectContains(r.status().message(), "cannot create");
+  EXPECT_EQ(steps, 0);
 }
 
 // Suspending right after a periodic checkpoint keeps that checkpoint: the step is not written twice (a second
