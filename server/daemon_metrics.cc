@@ -40,6 +40,18 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
                          "Time the engine waited on optimizer updates: the update time the overlap did not hide");
   overlap_ratio_ =
       Gauge(r, "slide_overlap_ratio", "Step time / busiest resource of the last step (1 = all else hidden)");
+  nvme_wait_ = Counter(r, "slide_nvme_wait_seconds_total",
+                       "Time optimizer updates waited on the NVMe tier's disk (reads not in, write-backs pending)");
+  auto& nvme_bytes = prometheus::BuildCounter()
+                         .Name("slide_nvme_bytes_total")
+                         .Help("Bytes the NVMe tier moved for optimizer updates")
+                         .Register(r);
+  nvme_read_ = &nvme_bytes.Add({{"direction", "read"}});
+  nvme_written_ = &nvme_bytes.Add({{"direction", "write"}});
+  nvme_backend_ = &prometheus::BuildGauge()
+                       .Name("slide_nvme_backend")
+                       .Help("The NVMe tier's I/O backend of the last step that used it (1), and any earlier one (0)")
+                       .Register(r);
   auto& gpu = prometheus::BuildGauge().Name("slide_gpu_memory_bytes").Help("Device memory").Register(r);
   gpu_used_ = &gpu.Add({{"kind", "reserved"}});
   gpu_budget_ = &gpu.Add({{"kind", "budget"}});
@@ -82,6 +94,15 @@ void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_
   gpu_used_->Set(static_cast<double>(e.device_bytes));
   host_resident_->Set(static_cast<double>(e.host_bytes));
   host_pinned_->Set(static_cast<double>(e.pinned_bytes));
+  if (!e.nvme_backend.empty()) {
+    nvme_wait_->Increment(e.nvme_wait_seconds);
+    nvme_read_->Increment(static_cast<double>(e.nvme_read_bytes));
+    nvme_written_->Increment(static_cast<double>(e.nvme_written_bytes));
+    nvme_backend_->Add({{"backend", e.nvme_backend}}).Set(1);
+    for (const auto& [name, gauge] : nvme_backends_)
+      if (name != e.nvme_backend) gauge->Set(0);
+    nvme_backends_[e.nvme_backend] = &nvme_backend_->Add({{"backend", e.nvme_backend}});
+  }
 }
 
 void DaemonMetrics::OnJobCounts(const std::map<JobState, int>& by_state, int queued) {

@@ -35,6 +35,9 @@ class DaemonMetrics final : public JobObserver {
       *grad_norm_;
   prometheus::Counter *busy_compute_, *busy_h2d_, *busy_d2h_, *busy_update_, *update_wait_;
   prometheus::Gauge* overlap_ratio_;
+  prometheus::Counter *nvme_wait_, *nvme_read_, *nvme_written_;
+  prometheus::Family<prometheus::Gauge>* nvme_backend_;  // 1 for the backend of the last step's tier, 0 for others
+  std::map<std::string, prometheus::Gauge*> nvme_backends_;
   prometheus::Gauge *gpu_used_, *gpu_budget_, *gpu_total_, *host_resident_, *host_pinned_;
   std::map<JobState, prometheus::Gauge*> jobs_;
   prometheus::Gauge* queue_;

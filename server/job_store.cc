@@ -58,7 +58,11 @@ void to_json(nlohmann::json& j, const TrainingStepEvent& e) {
        {"bounded_by", e.bounded_by},
        {"device_bytes", e.device_bytes},
        {"host_bytes", e.host_bytes},
-       {"pinned_bytes", e.pinned_bytes}};
+       {"pinned_bytes", e.pinned_bytes},
+       {"nvme_wait_seconds", e.nvme_wait_seconds},
+       {"nvme_read_bytes", e.nvme_read_bytes},
+       {"nvme_written_bytes", e.nvme_written_bytes},
+       {"nvme_backend", e.nvme_backend}};
 }
 
 void from_json(const nlohmann::json& j, TrainingStepEvent& e) {
@@ -80,6 +84,10 @@ void from_json(const nlohmann::json& j, TrainingStepEvent& e) {
   e.device_bytes = j.value("device_bytes", int64_t{0});
   e.host_bytes = j.value("host_bytes", int64_t{0});
   e.pinned_bytes = j.value("pinned_bytes", int64_t{0});
+  e.nvme_wait_seconds = Number(j, "nvme_wait_seconds", 0);
+  e.nvme_read_bytes = j.value("nvme_read_bytes", int64_t{0});
+  e.nvme_written_bytes = j.value("nvme_written_bytes", int64_t{0});
+  e.nvme_backend = j.value("nvme_backend", "");
 }
 
 namespace {

@@ -218,6 +218,10 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
           m->set_device_bytes(s.device_bytes);
           m->set_host_bytes(s.host_bytes);
           m->set_pinned_bytes(s.pinned_bytes);
+          m->set_nvme_wait_seconds(s.nvme_wait_seconds);
+          m->set_nvme_read_bytes(s.nvme_read_bytes);
+          m->set_nvme_written_bytes(s.nvme_written_bytes);
+          m->set_nvme_backend(s.nvme_backend);
           m->set_replayed(e.replayed);
           break;
         }

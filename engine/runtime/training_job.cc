@@ -281,7 +281,8 @@ class TrainingRun {
     if (cb_.on_log) cb_.on_log(m);
   }
   Status Checkpoint(int64_t steps_done);
-  void ReportStep(const StepStats& st) const;
+  void ReportStep(const StepStats& st);
+  void SkipNvmeTraffic();  // the tier's bytes so far are not a step's (loading, checkpoints)
 
   const TrainingJobSpec& spec_;
   const TrainingCallbacks& cb_;
@@ -293,8 +294,9 @@ class TrainingRun {
   std::unique_ptr<SlidingTrainer> trainer_;
   std::unique_ptr<BatchOrder> order_;
   int64_t micro_ = 0, accum_ = 0, total_ = 0;
-  int64_t first_step_ = 0, last_checkpoint_ = 0;  // the newest step on disk (or the start)
-  std::string fingerprint_;                       // what a checkpoint must match to be resumed by this job
+  int64_t first_step_ = 0, last_checkpoint_ = 0;            // the newest step on disk (or the start)
+  std::string fingerprint_;                                 // what a checkpoint must match to be resumed by this job
+  int64_t nvme_read_before_ = 0, nvme_written_before_ = 0;  // the tier's counters at the last step event
   TrainingResult result_;
 };
 
@@ -374,6 +376,7 @@ Status TrainingRun::Checkpoint(int64_t steps_done) {
   trainer_->WaitForUpdates();  // the step's own update time is not the checkpoint's
   const auto t0 = std::chrono::steady_clock::now();
   SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec_.checkpoint_dir, info, *trainer_));
+  SkipNvmeTraffic();
   last_checkpoint_ = steps_done;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
@@ -385,7 +388,14 @@ Status TrainingRun::Checkpoint(int64_t steps_done) {
   return Status::Ok();
 }
 
-void TrainingRun::ReportStep(const StepStats& st) const {
+void TrainingRun::SkipNvmeTraffic() {
+  if (const StateTier* tier = trainer_->tier(); tier != nullptr) {
+    nvme_read_before_ = tier->store().bytes_read();
+    nvme_written_before_ = tier->store().bytes_written();
+  }
+}
+
+void TrainingRun::ReportStep(const StepStats& st) {
   if (!cb_.on_step || (st.step % spec_.log_every != 0 && st.step != total_)) return;
   const ResourceBusy& b = trainer_->last_busy();
   TrainingStepEvent e;
@@ -407,11 +417,20 @@ void TrainingRun::ReportStep(const StepStats& st) const {
   e.device_bytes = DeviceReservedBytes(cuda_);
   e.host_bytes = ResidentHostBytes();
   e.pinned_bytes = trainer_->pinned_bytes();
+  if (const StateTier* tier = trainer_->tier(); tier != nullptr) {
+    e.nvme_wait_seconds = b.nvme;
+    e.nvme_read_bytes = tier->store().bytes_read() - nvme_read_before_;
+    e.nvme_written_bytes = tier->store().bytes_written() - nvme_written_before_;
+    nvme_read_before_ += e.nvme_read_bytes;
+    nvme_written_before_ += e.nvme_written_bytes;
+    e.nvme_backend = tier->store().backend_name();
+  }
   e.bounded_by = cuda_ ? b.Bound() : (std::string(b.Bound()) == "gpu_compute" ? "compute (cpu)" : b.Bound());
   cb_.on_step(e);
 }
 
 Status TrainingRun::Train() {
+  SkipNvmeTraffic();  // the master written at the start, a resumed checkpoint's state
   for (int64_t step = first_step_; step < total_; ++step) {
     if (cancel_ != nullptr && cancel_->load())
       return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));

@@ -78,6 +78,11 @@ struct TrainingStepEvent {
   int64_t device_bytes = 0;  // device memory reserved by the allocator (CUDA; 0 on the CPU)
   int64_t host_bytes = 0;    // resident host memory of the process
   int64_t pinned_bytes = 0;  // page-locked host memory of the job's staging buffers (CUDA; 0 on the CPU)
+  // The NVMe tier (backend empty without it): update time spent waiting on the disk this step, and the bytes
+  // moved since the previous step event (checkpoints not counted).
+  double nvme_wait_seconds = 0;
+  int64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
+  std::string nvme_backend;
 };
 
 struct TrainingCallbacks {

@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 using slide::testing::Daemon;
 using slide::testing::DaemonOptions;
 using slide::testing::DemoJobSpec;
+using slide::testing::Events;
 using slide::testing::Get;
 using slide::testing::Health;
 using slide::testing::Submit;
@@ -289,6 +290,21 @@ TEST(BadInput, NvmeStateNeedsTheDaemonsTierAndABrokenTierFailsOnlyItsJob) {
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error();
   EXPECT_TRUE(fs::exists(root / "out-tier" / "model.safetensors"));
   EXPECT_TRUE(fs::is_empty(nvme));
+  // Every step reports the tier's backend and traffic: 12 bytes per parameter read and written per update.
+  int steps_seen = 0;
+  for (const v1::JobEvent& e : Events(d, ok_id)) {
+    if (!e.has_metrics()) continue;
+    ++steps_seen;
+    EXPECT_FALSE(e.metrics().nvme_backend().empty());
+    if (e.metrics().step() > 1) {
+      EXPECT_GT(e.metrics().nvme_read_bytes(), 0) << "step " << e.metrics().step();
+      EXPECT_GT(e.metrics().nvme_written_bytes(), 0) << "step " << e.metrics().step();
+    }
+  }
+  EXPECT_EQ(steps_seen, 3);
+  const std::string metrics = slide::testing::HttpGet(d.metrics_port(), "/metrics");
+  EXPECT_TRUE(Contains(metrics, "slide_nvme_bytes_total{direction=\"read\"}")) << metrics;
+  EXPECT_TRUE(Contains(metrics, "slide_nvme_backend{backend=")) << metrics;
 
   fs::remove_all(nvme);  // the disk went away between jobs
   on_disk.set_output_dir((root / "out-gone").string());

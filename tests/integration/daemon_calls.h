@@ -1,9 +1,13 @@
-// gRPC calls the daemon integration tests share: submit, get, poll until a condition, read every event of a
-// job, ask the health service.
+// Calls the daemon integration tests share: submit, get, poll until a condition, read every event of a job, ask
+// the health service (gRPC), and a plain HTTP GET for /metrics.
 #pragma once
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -71,6 +75,30 @@ inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(Daemon& d, co
   grpc::health::v1::HealthCheckResponse resp;
   if (!stub->Check(&c, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
   return resp.status();
+}
+
+// GET http://127.0.0.1:port/path; the body ("" on failure).
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
 }
 
 }  // namespace slide::testing
