@@ -10,6 +10,9 @@
 #   bench/run_gpu.sh nvme    the NVMe tier's store against dd (O_DIRECT) on the box's disk
 #   bench/run_gpu.sh tier    io_tests and the tier's CPU equivalence tests on the box's disk, then 3B batch 16 with
 #                            the optimizer state on the NVMe tier (moments and master; moments) and without it
+#   bench/run_gpu.sh peers   ours (sliding_bench) beside plain PyTorch + HF, FSDP2 CPU offload and DeepSpeed
+#                            ZeRO-3 offload (bench/peers/peer_train.py; DeepSpeed from the wheels in .peer-wheels,
+#                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -26,6 +29,29 @@ traced() {
   [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
 }
 case "$phase" in
+  peers)
+    start=$SECONDS
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    cmake --build build-gpu -j 16 --target sliding_bench > "$OUT/build.log" 2>&1 \
+      || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+    echo "build ok after $((SECONDS - start)) s"
+    # Into a side directory (the box's Python is externally managed): DeepSpeed's own packages, then DeepSpeed
+    # itself built against the box's torch (its ops are compiled just in time, CPU Adam included).
+    python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/ds-site hjson msgpack ninja \
+      py-cpuinfo pydantic pydantic-core annotated-types typing-inspection einops nvidia-ml-py psutil typing_extensions \
+      setuptools wheel > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+    DS_BUILD_OPS=0 PYTHONPATH=/tmp/ds-site python3 -m pip install --no-index --find-links .peer-wheels --no-deps \
+      --no-build-isolation --target /tmp/ds-site deepspeed >> "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+    export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
+    python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
+    for spec in "ours llama-1b 8" "plain llama-1b 8" "fsdp2 llama-1b 8" "deepspeed llama-1b 8" \
+                "ours llama-3b 8" "plain llama-3b 8" "fsdp2 llama-3b 8" "deepspeed llama-3b 8"; do
+      set -- $spec
+      [ $((SECONDS - start)) -lt 480 ] || { echo "skipped (time): $spec"; continue; }
+      if [ "$1" = ours ]; then run 150 build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
+      else run 170 python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 3; fi
+      echo "$spec done after $((SECONDS - start)) s"
+    done ;;
   tier)
     # The box's disk (64 GiB free) holds a 3B-shaped model's full optimizer state (12 B/param = 38.5 GB), not an
     # 8B one's (96 GB; moments alone 64 GB).

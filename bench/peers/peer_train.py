@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""One peer's training throughput on a Llama-shaped random-init model, as one JSON line.
+
+  peer_train.py MODE SHAPE BATCH [SEQ=1024] [STEPS=3]
+    MODE  plain       PyTorch + HF Transformers on the GPU: fp32 master weights, bf16 autocast, fused AdamW,
+                      activation checkpointing (where it fits)
+          fsdp2       PyTorch FSDP2 (fully_shard) on one GPU with CPUOffloadPolicy: parameters, gradients and the
+                      AdamW step on the host, bf16 compute (MixedPrecisionPolicy), checkpointing
+          deepspeed   DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (ZeRO-Offload, DeepSpeed's
+                      CPU Adam), bf16, checkpointing
+    SHAPE llama-1b | llama-3b | llama-8b (the shapes of bench/llama_shapes.h: vocab 128256)
+
+Same work as slideformer's sliding_bench: BATCH sequences of SEQ random tokens per optimizer step, one micro-batch,
+AdamW (lr 1e-5, betas 0.9/0.95, weight decay 0.1), global-norm clipping at 1.0. One warm-up step, then STEPS timed
+steps (CUDA synchronised). Prints tokens/s, the model TFLOPS the same way (6*N*tokens + attention), peak GPU memory
+(allocator) and peak host RSS; on failure (e.g. out of memory) a line with "error".
+"""
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
+    "llama-1b": (2048, 8192, 16, 32, 8, True),
+    "llama-3b": (3072, 8192, 28, 24, 8, True),
+    "llama-8b": (4096, 14336, 32, 32, 8, False),
+}
+
+
+def llama_config(shape):
+    from transformers import LlamaConfig
+
+    h, ff, layers, heads, kv, tied = SHAPES[shape]
+    return LlamaConfig(vocab_size=128256, hidden_size=h, intermediate_size=ff, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv, rope_theta=500000.0,
+                       max_position_embeddings=8192, tie_word_embeddings=tied, rms_norm_eps=1e-5,
+                       attn_implementation="sdpa")
+
+
+def build_model(shape, dtype, device):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(llama_config(shape)).to(dtype)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model
+
+
+def batches(batch, seq, n):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        ids = torch.randint(0, 128256, (batch, seq), generator=g)
+        yield ids.cuda(non_blocking=True)
+
+
+def run_plain(shape, batch, seq, steps):
+    model = build_model(shape, torch.float32, "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+    def step(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
+def run_fsdp2(shape, batch, seq, steps):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    dist.init_process_group("cuda:nccl,cpu:gloo", rank=0, world_size=1)
+    model = build_model(shape, torch.float32, "cpu")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=True)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
+def run_deepspeed(shape, batch, seq, steps):
+    import deepspeed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29512")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed()
+    config = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+        },
+        "steps_per_print": 10**9,
+    }
+    model = build_model(shape, torch.float32, "cpu")  # ZeRO-3 partitions and offloads it in initialize
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    def step(ids):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    return engine, step
+
+
+def main():
+    mode, shape, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    seq = int(sys.argv[4]) if len(sys.argv) > 4 else 1024
+    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+    h, ff, layers, heads, kv, tied = SHAPES[shape]
+    out = {"bench": "peer", "peer": mode, "shape": shape, "batch": batch, "seq": seq, "steps": steps,
+           "torch": torch.__version__}
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+        if mode == "deepspeed":
+            import deepspeed
+
+            out["deepspeed"] = deepspeed.__version__
+        setup = {"plain": run_plain, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed}[mode]
+        t_setup = time.time()
+        model, step = setup(shape, batch, seq, steps)
+        out["setup_s"] = round(time.time() - t_setup, 1)
+        n = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+        data = batches(batch, seq, steps + 1)
+        step(next(data))  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.time()
+        loss = None
+        for ids in data:
+            loss = step(ids)
+        torch.cuda.synchronize()
+        secs = (time.time() - t0) / steps
+        tokens = batch * seq
+        attn = 3.0 * 2.0 * 2.0 * layers * seq * seq * h / 2.0 * batch
+        out.update({"params": n, "tokens_per_s": round(tokens / secs, 1), "step_s": round(secs, 3),
+                    "model_tflops": round((6.0 * n * tokens + attn) / secs / 1e12, 2), "loss": float(loss),
+                    "peak_gpu_bytes": torch.cuda.max_memory_reserved(),
+                    "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    except Exception as e:  # out of memory, a missing package: reported, not hidden
+        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        out["peak_gpu_bytes"] = torch.cuda.max_memory_reserved() if torch.cuda.is_available() else 0
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
