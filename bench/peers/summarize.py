@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Ours against the peers from one run's JSON lines (sliding_bench "sliding" lines and peer_train.py "peer" lines).
+
+  summarize.py RESULTS.jsonl [OUT_PREFIX]
+
+Writes OUT_PREFIX.md (tokens/s per shape and batch, and ours / each peer) and OUT_PREFIX.svg (tokens/s by model
+size, one line per system). Only lines of the same commit as the newest "sliding" line are compared: a ratio counts
+only between runs of the same call on the same box.
+"""
+import json
+import sys
+from collections import defaultdict
+
+SYSTEMS = ["ours", "plain", "fsdp2", "deepspeed"]
+LABELS = {"ours": "slideformer", "plain": "PyTorch+HF on GPU", "fsdp2": "FSDP2 CPU offload",
+          "deepspeed": "DeepSpeed ZeRO-3 offload"}
+
+
+def load(path):
+    rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
+    ours = [r for r in rows if r.get("bench") == "sliding" and r.get("nvme_state", "none") == "none"]
+    commit = ours[-1].get("commit") if ours else None
+    table = defaultdict(dict)  # (shape, batch) -> system -> row
+    for r in rows:
+        if r.get("commit") != commit:
+            continue
+        if r.get("bench") == "sliding" and r.get("nvme_state", "none") == "none":
+            table[(r["shape"], r["batch"])]["ours"] = r
+        elif r.get("bench") == "peer":
+            table[(r["shape"], r["batch"])][r["peer"]] = r
+    return commit, table
+
+
+def cell(row):
+    if row is None:
+        return "not run"
+    if "error" in row:
+        return "failed: " + row["error"].split(":")[0]
+    return f"{row['tokens_per_s']:,.0f}"
+
+
+def markdown(commit, table):
+    out = [f"Tokens/s on one H200 (commit {commit}; seq 1024; ours with a 24 GiB GPU budget).", "",
+           "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours / " +
+           " | ours / ".join(LABELS[s] for s in SYSTEMS[1:]) + " |",
+           "|" + "---|" * (2 + 2 * len(SYSTEMS) - 1)]
+    for (shape, batch), by in sorted(table.items()):
+        ours = by.get("ours")
+        ratios = []
+        for s in SYSTEMS[1:]:
+            p = by.get(s)
+            ok = ours and p and "error" not in p and "error" not in ours
+            ratios.append(f"{ours['tokens_per_s'] / p['tokens_per_s']:.2f}x" if ok else "-")
+        out.append(f"| {shape} | {batch} | " + " | ".join(cell(by.get(s)) for s in SYSTEMS) + " | " +
+                   " | ".join(ratios) + " |")
+    out += ["", "Peak GPU memory (GiB) and what bounded our step:", "",
+            "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours bounded by | ours overlap |",
+            "|" + "---|" * (2 + len(SYSTEMS) + 2)]
+    for (shape, batch), by in sorted(table.items()):
+        gib = [f"{by[s]['peak_gpu_bytes'] / 2**30:.1f}" if s in by and by[s].get("peak_gpu_bytes") else "-"
+               for s in SYSTEMS]
+        ours = by.get("ours", {})
+        out.append(f"| {shape} | {batch} | " + " | ".join(gib) +
+                   f" | {ours.get('bounded_by', '-')} | {ours.get('overlap_ratio', '-')} |")
+    return "\n".join(out) + "\n"
+
+
+def svg(table):
+    sizes = {"llama-1b": 1.24, "llama-3b": 3.21, "llama-8b": 8.03}
+    points = defaultdict(list)
+    for (shape, batch), by in table.items():
+        for s, r in by.items():
+            if "error" not in r and shape in sizes:
+                points[s].append((sizes[shape], r["tokens_per_s"]))
+    top = max([y for pts in points.values() for _, y in pts] + [1])
+    w, h, m = 640, 400, 60
+    x = lambda v: m + (v - 0) / 9.0 * (w - 2 * m)
+    y = lambda v: h - m - v / (top * 1.1) * (h - 2 * m)
+    colors = {"ours": "#d62728", "plain": "#1f77b4", "fsdp2": "#2ca02c", "deepspeed": "#9467bd"}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+             'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
+             f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">parameters (billions)</text>',
+             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">tokens/s</text>']
+    for v in (1, 3, 8):
+        parts.append(f'<text x="{x(v)}" y="{h - m + 15}" text-anchor="middle">{v}</text>')
+    for frac in (0.25, 0.5, 0.75, 1.0):
+        v = top * frac
+        parts.append(f'<text x="{m - 5}" y="{y(v) + 4}" text-anchor="end">{v:,.0f}</text>')
+    for i, (s, pts) in enumerate(sorted(points.items())):
+        pts.sort()
+        path = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in pts)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colors.get(s, "gray")}" stroke-width="2"/>')
+        for a, b in pts:
+            parts.append(f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="3" fill="{colors.get(s, "gray")}"/>')
+        parts.append(f'<text x="{w - m - 170}" y="{m + 15 * i}" fill="{colors.get(s, "gray")}">{LABELS.get(s, s)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def main():
+    commit, table = load(sys.argv[1])
+    prefix = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1].rsplit(".", 1)[0]
+    with open(prefix + ".md", "w") as f:
+        f.write(markdown(commit, table))
+    with open(prefix + ".svg", "w") as f:
+        f.write(svg(table))
+    print(markdown(commit, table))
+
+
+if __name__ == "__main__":
+    main()
