@@ -44,8 +44,10 @@ case "$phase" in
       --no-build-isolation --target /tmp/ds-site deepspeed >> "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
     export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
     python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
-    for spec in "ours llama-1b 8" "plain llama-1b 8" "fsdp2 llama-1b 8" "deepspeed llama-1b 8" \
-                "ours llama-3b 8" "plain llama-3b 8" "fsdp2 llama-3b 8" "deepspeed llama-3b 8"; do
+    # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes)
+    specs=(); for shape in ${SHAPES:-llama-1b llama-3b}; do
+      for peer in ours plain fsdp2 deepspeed; do specs+=("$peer $shape ${BATCH:-8}"); done; done
+    for spec in "${specs[@]}"; do
       set -- $spec
       [ $((SECONDS - start)) -lt 480 ] || { echo "skipped (time): $spec"; continue; }
       if [ "$1" = ours ]; then run 150 build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0

@@ -168,7 +168,7 @@ def main():
         tokens = batch * seq
         attn = 3.0 * 2.0 * 2.0 * layers * seq * seq * h / 2.0 * batch
         out.update({"params": n, "tokens_per_s": round(tokens / secs, 1), "step_s": round(secs, 3),
-                    "model_tflops": round((6.0 * n * tokens + attn) / secs / 1e12, 2), "loss": float(loss),
+                    "model_tflops": round((6.0 * n * tokens + attn) / secs / 1e12, 2), "loss": loss.item(),
                     "peak_gpu_bytes": torch.cuda.max_memory_reserved(),
                     "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     except Exception as e:  # out of memory, a missing package: reported, not hidden

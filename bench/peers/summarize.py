@@ -33,7 +33,7 @@ def load(path):
 
 def cell(row):
     if row is None:
-        return "not run"
+        return "no result"
     if "error" in row:
         return "failed: " + row["error"].split(":")[0]
     return f"{row['tokens_per_s']:,.0f}"
@@ -53,12 +53,12 @@ def markdown(commit, table):
             ratios.append(f"{ours['tokens_per_s'] / p['tokens_per_s']:.2f}x" if ok else "-")
         out.append(f"| {shape} | {batch} | " + " | ".join(cell(by.get(s)) for s in SYSTEMS) + " | " +
                    " | ".join(ratios) + " |")
-    out += ["", "Peak GPU memory (GiB) and what bounded our step:", "",
+    out += ["", "Peak GPU memory / peak host RSS (GiB), and what bounded our step:", "",
             "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours bounded by | ours overlap |",
             "|" + "---|" * (2 + len(SYSTEMS) + 2)]
     for (shape, batch), by in sorted(table.items()):
-        gib = [f"{by[s]['peak_gpu_bytes'] / 2**30:.1f}" if s in by and by[s].get("peak_gpu_bytes") else "-"
-               for s in SYSTEMS]
+        gib = [f"{by[s]['peak_gpu_bytes'] / 2**30:.1f} / {by[s].get('peak_host_rss_bytes', 0) / 2**30:.1f}"
+               if s in by and by[s].get("peak_gpu_bytes") else "-" for s in SYSTEMS]
         ours = by.get("ours", {})
         out.append(f"| {shape} | {batch} | " + " | ".join(gib) +
                    f" | {ours.get('bounded_by', '-')} | {ours.get('overlap_ratio', '-')} |")

@@ -100,8 +100,24 @@ StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   file->path_ = path;
   file->map_ = map;
   file->map_size_ = size;
-  const auto* bytes = static_cast<const uint8_t*>(map);
+  SLIDE_RETURN_IF_ERROR(file->Parse(static_cast<const uint8_t*>(map), size));
+  return file;
+}
 
+StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(const uint8_t* bytes, size_t size,
+                                                                      const std::string& name) {
+  std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->self_ = file;
+  file->path_ = name;
+  if (size < 8)
+    return InvalidArgument(name + ": " + std::to_string(size) + " bytes is too short for a safetensors header");
+  SLIDE_RETURN_IF_ERROR(file->Parse(bytes, size));
+  return file;
+}
+
+Status SafetensorsFile::Parse(const uint8_t* bytes, uint64_t size) {
+  const std::string& path = path_;
+  SafetensorsFile* file = this;
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);  // little-endian on every supported host
   if (header_len > kMaxHeaderBytes)
@@ -147,7 +163,7 @@ StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
       return InvalidArgument(path + ": tensors '" + prev->name + "' and '" + cur->name +
                              "' overlap in the data section");
   }
-  return file;
+  return Status::Ok();
 }
 
 SafetensorsFile::~SafetensorsFile() {

@@ -29,6 +29,9 @@ class SafetensorsFile {
  public:
   // Maps and validates the whole header; every failure names the file (and the tensor).
   static StatusOr<std::shared_ptr<SafetensorsFile>> Open(const std::string& path);
+  // The same validation over `size` bytes in memory that outlive the result (`name` names it in errors).
+  static StatusOr<std::shared_ptr<SafetensorsFile>> FromBytes(const uint8_t* bytes, size_t size,
+                                                              const std::string& name);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -42,6 +45,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  Status Parse(const uint8_t* bytes, uint64_t size);  // header, entries, overlaps; data_ points into `bytes`
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (build-fuzz/) and runs each for RUNS executions (default 10 million)
+# or FUZZ_SECONDS (when set), whichever ends first, from its seed corpus, two at a time; a crash leaves its input
+# in build-fuzz/crashes/. One JSON line per target goes to build-fuzz/fuzz.jsonl (executions, seconds, exec/s,
+# corpus size, result).
+#   [FUZZ_SECONDS=N] tests/fuzz/run.sh [RUNS] [TARGET...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+runs=${1:-10000000}; shift || true
+targets=${*:-safetensors_fuzz hf_config_fuzz tokenizer_json_fuzz tokenizer_encode_fuzz dataset_fuzz job_file_fuzz daemon_config_fuzz}
+[ -f build-fuzz/CMakeCache.txt ] || CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DSLIDE_FUZZ=ON \
+  -DSLIDE_BUILD_TESTS=OFF -DSLIDE_BUILD_BENCH=OFF -DSLIDE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+cmake --build build-fuzz --target $targets || exit 1
+mkdir -p build-fuzz/crashes build-fuzz/work
+export ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1
+fuzz_one() {
+  local t=$1 corpus=build-fuzz/work/$1 start=$SECONDS
+  rm -rf "$corpus"; mkdir -p "$corpus"
+  build-fuzz/tests/fuzz/$t -runs="$runs" -max_total_time="${FUZZ_SECONDS:-0}" -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+    -artifact_prefix=build-fuzz/crashes/$t- "$corpus" tests/fuzz/corpus/$t > build-fuzz/$t.log 2>&1
+  local rc=$? secs=$((SECONDS - start))
+  local done_line=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' build-fuzz/$t.log | tail -1)
+  local execs=$(echo "$done_line" | sed -E 's/^#([0-9]+).*/\1/')
+  local eps=$(echo "$done_line" | sed -nE 's/.*exec\/s: ([0-9]+).*/\1/p')
+  local found=$(ls "$corpus" | wc -l)
+  echo "{\"commit\": \"$(git rev-parse --short HEAD)\", \"date\": \"$(date -u +%FT%TZ)\", \"bench\": \"fuzz\", \"target\": \"$t\", \"runs\": ${execs:-0}, \"seconds\": $secs, \"exec_per_s\": ${eps:-0}, \"corpus\": $found, \"exit\": $rc, \"result\": \"$([ $rc = 0 ] && echo clean || echo "crash: see build-fuzz/$t.log")\"}" >> build-fuzz/fuzz.jsonl
+  echo "$t: rc=$rc after $secs s, $execs runs"
+}
+set -- $targets
+while [ $# -gt 0 ]; do
+  fuzz_one "$1" & [ $# -gt 1 ] && { fuzz_one "$2" & shift; }
+  wait; shift
+done
