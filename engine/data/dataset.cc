@@ -236,7 +236,7 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
       SLIDE_RETURN_IF_ERROR(fail_or_skip(std::string("not valid JSON (") + e.what() + ")"));
       continue;
     }

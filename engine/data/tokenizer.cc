@@ -463,7 +463,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument(source + ": not valid JSON (" + e.what() + ")");
   }
   try {
@@ -661,7 +661,7 @@ StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument(path + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) return InvalidArgument(path + ": expected a JSON object");

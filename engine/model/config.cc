@@ -154,7 +154,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::str
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument(source + ": not valid JSON (" + e.what() + ")");
   }
   if (!root.is_object()) return InvalidArgument(source + ": expected a JSON object at top level");

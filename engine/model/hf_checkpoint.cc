@@ -37,7 +37,7 @@ StatusOr<std::map<std::string, TensorSource>> OpenCheckpoint(const fs::path& dir
     json index;
     try {
       index = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
       return InvalidArgument(index_path + ": not valid JSON (" + e.what() + ")");
     }
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
@@ -163,7 +163,7 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
   json config;
   try {
     config = json::parse(config_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument((src / "config.json").string() + ": not valid JSON (" + e.what() + ")");
   }
   const char* dtype_name = options.dtype == c10::kFloat  ? "float32"

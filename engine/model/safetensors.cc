@@ -131,7 +131,7 @@ Status SafetensorsFile::Parse(const uint8_t* bytes, uint64_t size) {
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument(path + ": header is not valid JSON (" + e.what() + ")");
   }
   if (!header.is_object()) return InvalidArgument(path + ": header is not a JSON object");

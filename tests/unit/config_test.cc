@@ -70,6 +70,8 @@ TEST(HfConfig, NamesTheBadField) {
   EXPECT_EQ(ParseError("{not json").code(), StatusCode::kInvalidArgument);
   EXPECT_NE(ParseError("{not json").message().find("cfg.json: not valid JSON"), std::string::npos);
   EXPECT_NE(ParseError("[1, 2]").message().find("JSON object"), std::string::npos);
+  // A number beyond a double's range is an error, not an escaping out_of_range exception (found by the fuzzer).
+  EXPECT_NE(ParseError(R"({"vocab_size": 1e6905})").message().find("not valid JSON"), std::string::npos);
   auto missing = ParseError(R"({"model_type": "llama", "vocab_size": 100})");
   EXPECT_NE(missing.message().find("'hidden_size' is required"), std::string::npos) << missing.message();
   auto wrong_type = ParseError(Base(R"(, "rms_norm_eps": "small")"));

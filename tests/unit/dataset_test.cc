@@ -149,6 +149,7 @@ TEST(Dataset, BadInputIsReportedWithFileAndLine) {
   ExpectError("{\"text\": \"ok \xff\xfe\"}\n", "data.jsonl:1: not valid UTF-8");
   ExpectError("{\"text\": 5}\n", "data.jsonl:1: field 'text' must be a string");
   ExpectError("[1, 2]\n", "data.jsonl:1: a line must be a JSON object");
+  ExpectError("{\"text\": 1e999}\n", "data.jsonl:1: not valid JSON");  // out_of_range, not a parse_error
   ExpectError("{\"input_ids\": [1, 99999]}\n", "data.jsonl:1: field 'input_ids' holds 99999, outside the vocabulary");
   ExpectError("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", "has no assistant turn");
   ExpectError("{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}\n", "unknown role 'robot'");

@@ -91,6 +91,11 @@ TEST(Safetensors, RejectsEachKindOfCorruption) {
   WriteRaw(p, "[1]", 0);
   ExpectContains(OpenError(p), "header is not a JSON object");
 
+  // A number beyond a double's range: nlohmann throws out_of_range, not parse_error (found by the fuzzer; it
+  // used to escape and terminate the process).
+  WriteRaw(p, R"({"w": {"dtype": "F32", "shape": 1e999, "data_offsets": [0, 4]}})", 4);
+  ExpectContains(OpenError(p), "header is not valid JSON");
+
   WriteRaw(p, R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}})", 2);
   ExpectContains(OpenError(p), "tensor 'w': unknown dtype 'Q4'");
 

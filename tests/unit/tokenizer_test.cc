@@ -55,6 +55,13 @@ TEST(Tokenizer, RejectsInvalidUtf8) {
   EXPECT_EQ(Utf8Lossy("a\xFF\x80z"), "a\xEF\xBF\xBDz");  // a bad lead byte and its continuation bytes: one U+FFFD
 }
 
+// A number beyond a double's range fails the load with a status (it used to escape as out_of_range).
+TEST(Tokenizer, NumberOverflowIsAnError) {
+  auto tok = Tokenizer::FromJson(R"({"model": {"type": "BPE", "dropout": 1e999}})", "tok.json");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("tok.json: not valid JSON"), std::string::npos) << tok.status().message();
+}
+
 TEST(Tokenizer, SpecialTokensAreKnown) {
   auto tok = testing::ValueOrDie(Tokenizer::FromFile(testing::FixturePath("tokenizers/qwen2/tokenizer.json")));
   const int32_t im_end = tok->TokenId("<|im_end|>");
