@@ -164,6 +164,8 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
   } catch (const c10::Error& e) {
     return Internal(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
   }
 }
 

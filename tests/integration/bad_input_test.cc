@@ -255,6 +255,24 @@ TEST(BadInput, BearerSchemeIsCaseInsensitiveAndHealthKnowsTheService) {
   EXPECT_EQ(Health(d, "slide.v1.Slide"), Serving::SERVING);
 }
 
+// A config.json holding a number beyond a double's range (found by the fuzzer: the JSON library throws
+// out_of_range, which escaped the parse-error handler) is refused at submission; the daemon lives on.
+TEST(BadInput, ConfigNumberOverflowIsRefusedAndTheDaemonLivesOn) {
+  Scratch root("overflow");
+  CopyDemoModel(root / "model");
+  fs::remove(root / "model" / "config.json");
+  std::ofstream(root / "model" / "config.json") << R"({"model_type": "llama", "vocab_size": 1e999})";
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  v1::JobSpec spec = DemoJobSpec((root / "out").string(), 3);
+  spec.set_model_dir((root / "model").string());
+  grpc::Status s;
+  Submit(d, spec, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "config.json: not valid JSON")) << s.error_message();
+  EXPECT_EQ(Health(d), Serving::SERVING);
+}
+
 // The NVMe tier belongs to the daemon: a job asking for it where none is configured, or with a mode that does
 // not exist, is refused at submission naming the field; a tier directory that has gone away fails only the job
 // that needed it, and the daemon runs the next one. A job with its optimizer state on the tier trains and exports,
