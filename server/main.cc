@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "engine/common/files.h"
+#include "engine/io/nvme_store.h"
 #include "engine/runtime/device_info.h"
 #include "server/daemon_config.h"
 #include "server/daemon_metrics.h"
@@ -126,6 +127,9 @@ int main(int argc, char** argv) {
   jm.nvme.io.request_bytes = static_cast<size_t>(config.nvme_request_bytes);
   jm.nvme.chunk_bytes = static_cast<size_t>(config.nvme_chunk_bytes);
   jm.nvme.buffers = static_cast<int>(config.nvme_buffers);
+  for (const auto& dir : config.nvme_dirs)  // a daemon killed mid-job leaves its jobs' tier files behind
+    if (const int n = slide::RemoveStaleStoreFiles(dir); n > 0)
+      std::fprintf(stderr, "slided: removed %d NVMe tier file(s) an earlier run left in %s\n", n, dir.c_str());
   std::vector<std::string> problems;
   slide::JobManager jobs(jm, &problems);
   for (const auto& p : problems) std::fprintf(stderr, "slided: skipped unreadable job state: %s\n", p.c_str());

@@ -1,6 +1,8 @@
 #include "engine/io/nvme_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +31,22 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
   }
   return *this;
+}
+
+int RemoveStaleStoreFiles(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("slide-unit-", 0) != 0 || name.size() < 15 || name.compare(name.size() - 4, 4, ".bin") != 0)
+      continue;
+    struct stat st {};
+    const std::string path = dir + "/" + name;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::unlink(path.c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeOptions& options, const std::vector<size_t>& unit_bytes,

@@ -50,6 +50,11 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
+// Removes the files a store leaves behind when its process dies without closing it (kill -9, a crash): regular
+// files named slide-unit-*.bin in `dir`. Returns how many were removed. A live store in another process keeps its
+// open files working (they are only unlinked), so a daemon may run this at start.
+int RemoveStaleStoreFiles(const std::string& dir);
+
 class NvmeStore {
  public:
   // `register_buffers` are registered with each io_uring ring for fixed-buffer I/O (optional).

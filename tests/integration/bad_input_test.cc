@@ -295,10 +295,16 @@ TEST(BadInput, NvmeStateNeedsTheDaemonsTierAndABrokenTierFailsOnlyItsJob) {
   }
   const fs::path nvme = root / "nvme";
   fs::create_directories(nvme);
+  std::ofstream(nvme / "slide-unit-00003-a1b2c3.bin") << "left by a daemon killed mid-job";
+  std::ofstream(nvme / "notes.bin") << "not the tier's";
   const std::string config = (root / "slided.yaml").string();
   std::ofstream(config) << "nvme:\n  dirs: [" << nvme.string() << "]\n  chunk_bytes: 65536\n  buffers: 3\n";
   Daemon d(DaemonOptions{.extra_args = {"--config", config}});
   ASSERT_GT(d.port(), 0) << d.Log();
+  EXPECT_FALSE(fs::exists(nvme / "slide-unit-00003-a1b2c3.bin"));  // removed at start, and said so
+  EXPECT_TRUE(Contains(d.Log(), "removed 1 NVMe tier file(s) an earlier run left in " + nvme.string())) << d.Log();
+  EXPECT_TRUE(fs::exists(nvme / "notes.bin"));  // only the tier's own names
+  fs::remove(nvme / "notes.bin");               // the rest of the test expects the tier to leave the directory empty
   v1::JobSpec on_disk = DemoJobSpec((root / "out-tier").string(), 3);
   on_disk.set_nvme_state("moments_and_master");
   grpc::Status s;
