@@ -6,6 +6,7 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -198,6 +199,16 @@ struct Tokenizer::Impl {
 
 namespace {
 
+// A token id: an integer in [0, 2^31). get<int32_t> on a float or a larger number is undefined behaviour (found by
+// the tokenizer.json fuzzer: an id of 2.2e48); this throws the JSON library's type_error instead, which FromJson
+// reports as a malformed file.
+int32_t TokenIdValue(const json& v) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX))
+    throw json::type_error::create(302, "token id " + v.dump() + " is not an integer in [0, 2^31)", &v);
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 Status ParseNormalizer(const json& n, std::vector<NormalizerStep>& out) {
   if (n.is_null()) return Status::Ok();
   const std::string type = n.value("type", "");
@@ -301,7 +312,7 @@ Status ParsePostProcessor(const json& p, std::vector<int32_t>& prefix, std::vect
         const std::string name = item["SpecialToken"]["id"].get<std::string>();
         const auto& st = p["special_tokens"];
         if (!st.contains(name)) return InvalidArgument("template names special token '" + name + "' without ids");
-        for (const auto& id : st[name]["ids"]) (seen_a ? suffix : prefix).push_back(id.get<int32_t>());
+        for (const auto& id : st[name]["ids"]) (seen_a ? suffix : prefix).push_back(TokenIdValue(id));
       }
     }
   } else {
@@ -472,9 +483,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
     const std::string type = model.value("type", "BPE");
     if (type != "BPE") return InvalidArgument(source + ": model type '" + type + "' is not supported (BPE only)");
     for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it)
-      impl->vocab[it.key()] = it->get<int32_t>();
+      impl->vocab[it.key()] = TokenIdValue(*it);
     for (const auto& t : root.value("added_tokens", json::array()))
-      impl->vocab.emplace(t.at("content").get<std::string>(), t.at("id").get<int32_t>());
+      impl->vocab.emplace(t.at("content").get<std::string>(), TokenIdValue(t.at("id")));
     int32_t max_id = -1;
     for (const auto& [tok, id] : impl->vocab) {
       if (id < 0) return InvalidArgument(source + ": token '" + tok + "' has negative id");
@@ -514,7 +525,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
       impl->byte_ids[b] = it == impl->vocab.end() ? -1 : it->second;
     }
     for (const auto& t : root.value("added_tokens", json::array())) {
-      AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), t.value("special", false)};
+      AddedToken a{t.at("content").get<std::string>(), TokenIdValue(t.at("id")), t.value("special", false)};
       if (a.content.empty()) continue;
       impl->special[a.id] = a.special;
       impl->added.push_back(a);

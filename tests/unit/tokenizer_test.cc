@@ -60,6 +60,15 @@ TEST(Tokenizer, NumberOverflowIsAnError) {
   auto tok = Tokenizer::FromJson(R"({"model": {"type": "BPE", "dropout": 1e999}})", "tok.json");
   ASSERT_FALSE(tok.ok());
   EXPECT_NE(tok.status().message().find("tok.json: not valid JSON"), std::string::npos) << tok.status().message();
+  // A token id that is a float, negative or beyond int32 is a malformed file, not undefined behaviour (found by the
+  // fuzzer: an id of 2.2e48 was converted to int).
+  for (const char* id : {"2.2e48", "1.5", "-3", "4294967296"}) {
+    auto bad =
+        Tokenizer::FromJson(std::string(R"({"model": {"type": "BPE", "vocab": {"a": )") + id + "}}}", "tok.json");
+    ASSERT_FALSE(bad.ok()) << id;
+    EXPECT_NE(bad.status().message().find("is not an integer in [0, 2^31)"), std::string::npos)
+        << bad.status().message();
+  }
 }
 
 TEST(Tokenizer, SpecialTokensAreKnown) {
