@@ -213,16 +213,16 @@ Status ParseNormalizer(const json& n, std::vector<NormalizerStep>& out) {
   if (n.is_null()) return Status::Ok();
   const std::string type = n.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : n["normalizers"]) SLIDE_RETURN_IF_ERROR(ParseNormalizer(s, out));
+    for (const auto& s : n.at("normalizers")) SLIDE_RETURN_IF_ERROR(ParseNormalizer(s, out));
   } else if (type == "NFC") {
     out.push_back({NormalizerStep::kNfc, "", ""});
   } else if (type == "Prepend") {
-    out.push_back({NormalizerStep::kPrepend, n["prepend"].get<std::string>(), ""});
+    out.push_back({NormalizerStep::kPrepend, n.at("prepend").get<std::string>(), ""});
   } else if (type == "Replace") {
-    if (!n["pattern"].contains("String"))
+    if (!n.at("pattern").contains("String"))
       return InvalidArgument("Replace normalizer with a regex pattern is not supported");
-    out.push_back(
-        {NormalizerStep::kReplace, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
+    out.push_back({NormalizerStep::kReplace, n.at("pattern").at("String").get<std::string>(),
+                   n.at("content").get<std::string>()});
   } else {
     return InvalidArgument("normalizer '" + type + "' is not supported (supported: NFC, Prepend, Replace, Sequence)");
   }
@@ -233,15 +233,15 @@ Status ParsePreTokenizer(const json& p, std::vector<PreTokenizerStep>& out) {
   if (p.is_null()) return Status::Ok();
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : p["pretokenizers"]) SLIDE_RETURN_IF_ERROR(ParsePreTokenizer(s, out));
+    for (const auto& s : p.at("pretokenizers")) SLIDE_RETURN_IF_ERROR(ParsePreTokenizer(s, out));
   } else if (type == "Split") {
-    if (!p["pattern"].contains("Regex") && !p["pattern"].contains("String"))
+    if (!p.at("pattern").contains("Regex") && !p.at("pattern").contains("String"))
       return InvalidArgument("Split pre-tokenizer without a pattern");
     if (p.value("behavior", "") != "Isolated" || p.value("invert", false))
       return InvalidArgument("Split pre-tokenizer behavior '" + p.value("behavior", "") +
                              "' is not supported (Isolated)");
-    std::string pattern = p["pattern"].contains("Regex") ? p["pattern"]["Regex"].get<std::string>()
-                                                         : p["pattern"]["String"].get<std::string>();
+    std::string pattern = p.at("pattern").contains("Regex") ? p.at("pattern").at("Regex").get<std::string>()
+                                                            : p.at("pattern").at("String").get<std::string>();
     PreTokenizerStep s{PreTokenizerStep::kSplit};
     SLIDE_ASSIGN_OR_RETURN(s.regex, Regex::Compile(pattern));
     out.push_back(s);
@@ -269,7 +269,7 @@ Status ParseDecoder(const json& d, std::vector<DecoderStep>& out) {
   if (d.is_null()) return Status::Ok();
   const std::string type = d.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : d["decoders"]) SLIDE_RETURN_IF_ERROR(ParseDecoder(s, out));
+    for (const auto& s : d.at("decoders")) SLIDE_RETURN_IF_ERROR(ParseDecoder(s, out));
   } else if (type == "ByteLevel") {
     out.push_back({DecoderStep::kByteLevel});
   } else if (type == "Metaspace") {
@@ -278,9 +278,10 @@ Status ParseDecoder(const json& d, std::vector<DecoderStep>& out) {
     s.prepend_scheme = d.value("prepend_scheme", d.value("add_prefix_space", true) ? "always" : "never");
     out.push_back(s);
   } else if (type == "Replace") {
-    if (!d["pattern"].contains("String"))
+    if (!d.at("pattern").contains("String"))
       return InvalidArgument("Replace decoder with a regex pattern is not supported");
-    out.push_back({DecoderStep::kReplace, d["pattern"]["String"].get<std::string>(), d["content"].get<std::string>()});
+    out.push_back(
+        {DecoderStep::kReplace, d.at("pattern").at("String").get<std::string>(), d.at("content").get<std::string>()});
   } else if (type == "ByteFallback") {
     out.push_back({DecoderStep::kByteFallback});
   } else if (type == "Fuse") {
@@ -300,19 +301,19 @@ Status ParsePostProcessor(const json& p, std::vector<int32_t>& prefix, std::vect
   if (p.is_null()) return Status::Ok();
   const std::string type = p.value("type", "");
   if (type == "Sequence") {
-    for (const auto& s : p["processors"]) SLIDE_RETURN_IF_ERROR(ParsePostProcessor(s, prefix, suffix));
+    for (const auto& s : p.at("processors")) SLIDE_RETURN_IF_ERROR(ParsePostProcessor(s, prefix, suffix));
   } else if (type == "ByteLevel") {
     // offsets only
   } else if (type == "TemplateProcessing") {
     bool seen_a = false;
-    for (const auto& item : p["single"]) {
+    for (const auto& item : p.at("single")) {
       if (item.contains("Sequence")) {
         seen_a = true;
       } else if (item.contains("SpecialToken")) {
-        const std::string name = item["SpecialToken"]["id"].get<std::string>();
-        const auto& st = p["special_tokens"];
+        const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+        const auto& st = p.at("special_tokens");
         if (!st.contains(name)) return InvalidArgument("template names special token '" + name + "' without ids");
-        for (const auto& id : st[name]["ids"]) (seen_a ? suffix : prefix).push_back(TokenIdValue(id));
+        for (const auto& id : st.at(name).at("ids")) (seen_a ? suffix : prefix).push_back(TokenIdValue(id));
       }
     }
   } else {

@@ -69,6 +69,17 @@ TEST(Tokenizer, NumberOverflowIsAnError) {
     EXPECT_NE(bad.status().message().find("is not an integer in [0, 2^31)"), std::string::npos)
         << bad.status().message();
   }
+  // A component missing a field its type requires is a malformed file (reading it was undefined behaviour: a
+  // heap-buffer-overflow the fuzzer found in a TemplateProcessing without "single").
+  for (const char* component :
+       {R"("post_processor": {"type": "TemplateProcessing"})", R"("normalizer": {"type": "Sequence"})",
+        R"("decoder": {"type": "Replace"})", R"("pre_tokenizer": {"type": "Split"})"}) {
+    auto bad = Tokenizer::FromJson(std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, )") + component + "}",
+                                   "tok.json");
+    ASSERT_FALSE(bad.ok()) << component;
+    EXPECT_NE(bad.status().message().find("tok.json: malformed tokenizer.json"), std::string::npos)
+        << bad.status().message();
+  }
 }
 
 TEST(Tokenizer, SpecialTokensAreKnown) {
