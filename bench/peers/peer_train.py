@@ -58,12 +58,11 @@ def batches(batch, seq, n):
         yield ids.cuda(non_blocking=True)
 
 
-def run_plain(shape, batch, seq, steps):
-    model = build_model(shape, torch.float32, "cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+def clipped_step(model, opt, autocast):
+    """One optimizer step: forward + loss (bf16 autocast when asked), backward, clipping at 1.0, AdamW."""
 
     def step(ids):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -71,7 +70,13 @@ def run_plain(shape, batch, seq, steps):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    return model, step
+    return step
+
+
+def run_plain(shape, batch, seq, steps):
+    model = build_model(shape, torch.float32, "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    return model, clipped_step(model, opt, autocast=True)
 
 
 def run_fsdp2(shape, batch, seq, steps):
@@ -88,16 +93,7 @@ def run_fsdp2(shape, batch, seq, steps):
         fully_shard(layer, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mp_policy=mp, offload_policy=offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1)
-
-    def step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    return model, step
+    return model, clipped_step(model, opt, autocast=False)  # the mixed-precision policy casts to bf16
 
 
 def run_deepspeed(shape, batch, seq, steps):
