@@ -154,7 +154,7 @@ void StateTier::Schedule(size_t unit) {
 }
 
 Status StateTier::Update(size_t unit, const std::function<void(const Chunk&)>& fn) {
-  if (unit >= numel_.size()) return InvalidArgument("the NVMe tier has no unit " + std::to_string(unit));
+  SLIDE_RETURN_IF_ERROR(CheckArray(unit, kExpAvg));
   for (int64_t c = 0; c < Chunks(unit); ++c) {
     Slot* slot = nullptr;
     {
@@ -222,8 +222,14 @@ Status StateTier::Flush() {
   return error_;
 }
 
-Status StateTier::ReadArray(size_t unit, StateArray array, float* dst) {
+Status StateTier::CheckArray(size_t unit, StateArray array) const {
+  if (unit >= numel_.size()) return InvalidArgument("the NVMe tier has no unit " + std::to_string(unit));
   if (array >= arrays_) return InvalidArgument("the NVMe tier does not hold the master weights");
+  return Status::Ok();
+}
+
+Status StateTier::ReadArray(size_t unit, StateArray array, float* dst) {
+  SLIDE_RETURN_IF_ERROR(CheckArray(unit, array));
   SLIDE_RETURN_IF_ERROR(Flush());
   std::lock_guard<std::mutex> lock(mu_);
   if (!reading_.empty() || !schedule_.empty())
@@ -239,7 +245,7 @@ Status StateTier::ReadArray(size_t unit, StateArray array, float* dst) {
 }
 
 Status StateTier::WriteArray(size_t unit, StateArray array, const float* src) {
-  if (array >= arrays_) return InvalidArgument("the NVMe tier does not hold the master weights");
+  SLIDE_RETURN_IF_ERROR(CheckArray(unit, array));
   SLIDE_RETURN_IF_ERROR(Flush());
   std::lock_guard<std::mutex> lock(mu_);
   if (!reading_.empty() || !schedule_.empty())

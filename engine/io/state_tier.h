@@ -96,6 +96,7 @@ class StateTier {
   uint64_t Offset(size_t unit, int array, int64_t chunk) const;
   size_t IoBytes(size_t unit, int64_t chunk) const;
   float* SlotArray(Slot& s, int array) const;
+  Status CheckArray(size_t unit, StateArray array) const;  // the unit exists and this tier holds the array
   void IssueReadsLocked();                 // fills free (or finished) slots with the next scheduled chunks
   bool ReclaimLocked(Slot& s, bool wait);  // a writing slot whose writes are done becomes free
   Status WaitIo(Slot& s);

@@ -499,11 +499,18 @@ ModelParams SlidingTrainer::Master() {
   return out;
 }
 
+// Checkpoint kind (0 master, 1 exp_avg, 2 exp_avg_sq) -> the tier's array, and the host buffer that holds it
+// when the tier does not (null when it does).
+at::Tensor* SlidingTrainer::HostState(int kind, size_t unit, StateArray* array) {
+  *array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
+  const bool on_disk = tier_ && (*array != kMasterArray || tier_->holds_master());
+  return on_disk ? nullptr : &(kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit];
+}
+
 StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
   if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
-  const StateArray array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
-  const bool on_disk = tier_ && (array != kMasterArray || tier_->holds_master());
-  if (!on_disk) return (kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit];
+  StateArray array;
+  if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
   at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
   SLIDE_RETURN_IF_ERROR(tier_->ReadArray(unit, array, out.data_ptr<float>()));
   return out;
@@ -511,10 +518,9 @@ StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
 
 Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) {
   if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
-  const StateArray array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
-  const bool on_disk = tier_ && (array != kMasterArray || tier_->holds_master());
-  if (!on_disk) {
-    (kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit].copy_(src);
+  StateArray array;
+  if (at::Tensor* host = HostState(kind, unit, &array)) {
+    host->copy_(src);
     return Status::Ok();
   }
   const at::Tensor f32 = src.to(at::kFloat).contiguous();

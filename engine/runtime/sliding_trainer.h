@@ -123,6 +123,7 @@ class SlidingTrainer {
   // AdamW over elements [begin, begin + n) of `unit`; master, exp_avg and exp_avg_sq point at element `begin`.
   void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
                    const at::Tensor& grad, const AdamWStepArgs& args);
+  at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
   void CheckUpdates();  // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
   at::Tensor Park(const at::Tensor& x, int64_t index);

@@ -94,6 +94,8 @@ TEST(StateTier, FreshMomentsReadAsZeroAndFilesAreRemovedOnClose) {
     EXPECT_EQ(got, std::vector<float>(3000, 0.0f));
     Status no_master = (*tier)->ReadArray(0, kMasterArray, got.data());
     EXPECT_EQ(no_master.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*tier)->ReadArray(2, kExpAvg, got.data()).code(), StatusCode::kInvalidArgument);  // no unit 2
+    EXPECT_EQ((*tier)->WriteArray(2, kExpAvg, got.data()).code(), StatusCode::kInvalidArgument);
   }
   EXPECT_TRUE(dir.Files().empty());
 }
