@@ -13,6 +13,7 @@
 #   bench/run_gpu.sh peers   ours (sliding_bench) beside plain PyTorch + HF, FSDP2 CPU offload and DeepSpeed
 #                            ZeRO-3 offload (bench/peers/peer_train.py; DeepSpeed from the wheels in .peer-wheels,
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
+#   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -29,6 +30,29 @@ traced() {
   [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
 }
 case "$phase" in
+  kernels)
+    # The fused kernels: their GPU tests, kernel_bench (each kernel against the unfused ops, bandwidth, the head's
+    # peak memory), then the engine with and without the kernels (E2E: "shape batch" pairs, default 3B b8 and
+    # 8B b32, exact clipping, window 2).
+    start=$SECONDS
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    cmake --build build-gpu -j 16 --target kernel_bench sliding_bench model_tests parity_tests engine_tests \
+      > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 120 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' > "$OUT/kernel_tests.log" 2>&1
+    timeout 120 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|error' "$OUT/kernel_tests.log" | head -40
+    echo "tests done after $((SECONDS - start)) s"
+    run 180 build-gpu/bench/kernel_bench 8192 4300
+    echo "kernel_bench done after $((SECONDS - start)) s"
+    for spec in ${E2E:-"llama-3b:8" "llama-8b:32"}; do
+      for k in ${KERNEL_MODES:-1 0}; do
+        [ $((SECONDS - start)) -lt 500 ] || { echo "skipped (time): $spec kernels=$k"; continue; }
+        SLIDE_KERNELS=$k run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 2 2 cuda 1.0
+        echo "$spec kernels=$k done after $((SECONDS - start)) s"
+      done
+    done ;;
   peers)
     start=$SECONDS
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }

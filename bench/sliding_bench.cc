@@ -18,6 +18,7 @@
 
 #include "bench/llama_shapes.h"
 #include "engine/common/files.h"
+#include "engine/kernels/fused_ops.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/config.h"
 #include "engine/runtime/device_info.h"
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
   } else {
     cfg = bench::LlamaShape(shape);
   }
+  // SLIDE_KERNELS=0 runs the unfused LibTorch ops instead of the fused CUDA kernels (the with/without comparison).
+  if (const char* k = std::getenv("SLIDE_KERNELS"); k != nullptr && std::string(k) == "0")
+    SetFusedKernelsEnabled(false);
   const char* trace_out = std::getenv("SLIDE_TRACE_OUT");
   auto env_int = [](const char* name, int64_t fallback) {
     const char* v = std::getenv(name);
@@ -166,7 +170,8 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
-      "\"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": %.0f, "
+      "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": "
+      "%.0f, "
       "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
       "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
       "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
@@ -179,8 +184,8 @@ int main(int argc, char** argv) {
       (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
       double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update,
-      sum.wait_update, TierModeName(nvme.mode), sum.nvme, nvme_read, nvme_written,
-      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      sum.wait_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), sum.nvme, nvme_read,
+      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
       trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,

@@ -23,10 +23,11 @@ if(NOT SLIDE_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper (H100/H200); override with -DCMAKE_CUDA_ARCHITECTURES
+      # A100, RTX 4090 / L40, H100 / H200; override with -DCMAKE_CUDA_ARCHITECTURES
+      set(CMAKE_CUDA_ARCHITECTURES 80 89 90)
     endif()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flags for nvcc; the kernels need only C++17
     find_package(CUDAToolkit REQUIRED)
     set(SLIDE_HAVE_CUDA ON)
   elseif(SLIDE_CUDA STREQUAL "ON")

@@ -3,10 +3,35 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <atomic>
+#include <limits>
+
+#include "engine/kernels/fused_ops.h"
 #include "engine/model/transformer.h"
 
 namespace slide {
 namespace {
+
+// Both forms compute the gradients in the forward. They wait in the context, not as saved variables, so that the
+// backward can take them out (the graph keeps no reference) and scale them in place: no second copy of the
+// [V, H] weight gradient at the peak.
+void StashGradients(torch::autograd::AutogradContext* ctx, const at::Tensor& grad_h, const at::Tensor& grad_w) {
+  ctx->saved_data["grad_h"] = grad_h;
+  ctx->saved_data["grad_w"] = grad_w;
+}
+
+torch::autograd::variable_list TakeScaledGradients(torch::autograd::AutogradContext* ctx,
+                                                   const torch::autograd::variable_list& grad_outputs) {
+  TORCH_CHECK(ctx->saved_data.count("grad_h") == 1, "lm head loss: backward ran twice (retain_graph is unsupported)");
+  at::Tensor grad_h = ctx->saved_data["grad_h"].toTensor(), grad_w = ctx->saved_data["grad_w"].toTensor();
+  ctx->saved_data.erase("grad_h");
+  ctx->saved_data.erase("grad_w");
+  const at::Tensor& go = grad_outputs[0];
+  grad_h.mul_(go.to(grad_h.scalar_type()));
+  grad_w.mul_(go.to(grad_w.scalar_type()));
+  return {grad_h, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
+}
 
 struct ChunkedLmHeadCe : public torch::autograd::Function<ChunkedLmHeadCe> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
@@ -43,27 +68,109 @@ struct ChunkedLmHeadCe : public torch::autograd::Function<ChunkedLmHeadCe> {
         grad_w32.add_(at::matmul(gc.t(), hc));  // low-precision product per chunk, fp32 sum across chunks
       }
     }
-    if (need_grad) ctx->save_for_backward({grad_h, grad_w32.to(weight.scalar_type())});
+    if (need_grad) StashGradients(ctx, grad_h, ConvertDtype(grad_w32, weight.scalar_type()));
     return loss.div_(normalizer);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor& go = grad_outputs[0];
-    return {saved[0] * go.to(saved[0].scalar_type()), saved[1] * go.to(saved[1].scalar_type()), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return TakeScaledGradients(ctx, grad_outputs);
   }
 };
 
-}  // namespace
+// acc [M, N] fp32 += a [M, K] @ b [K, N] with one rounding: bf16 operands go through cuBLAS with fp32 output
+// (addmm's out_dtype); where that overload is not available the product is rounded to bf16 first.
+void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat) {
+    acc.addmm_(a, b);
+    return;
+  }
+  static std::atomic<int> out_dtype_works[2] = {-1, -1};  // per device kind (CPU, CUDA): -1 unknown, 1 yes, 0 no
+  std::atomic<int>& works = out_dtype_works[a.is_cuda() ? 1 : 0];
+  if (works.load() != 0) {
+    try {
+      at::addmm_out(acc, acc, a, b, at::kFloat);
+      works.store(1);
+      return;
+    } catch (const c10::Error&) {
+      if (works.load() == 1) throw;
+      works.store(0);
+    }
+  }
+  acc.add_(at::mm(a, b));
+}
 
-at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                     double normalizer, int64_t chunk_tokens) {
+// The vocabulary-chunked form (the CUDA path): all tokens at once, the vocabulary in chunks of `cols` rows of
+// the weight. Pass 1 folds each chunk's logits into every token's running max / sum(exp) and picks the target
+// logit; pass 2 (gradients) recomputes each chunk's logits, turns them into d(loss)/d(logits) in place, writes
+// that chunk's rows of the weight gradient in one GEMM (fp32 accumulation over all tokens, rounded once) and
+// adds its share of the input gradient into an fp32 [N, H] sum. One more GEMM than the token-chunked form, but
+// no [V, H] fp32 accumulator and no per-chunk [V, H] product.
+struct VocabChunkedLmHeadCe : public torch::autograd::Function<VocabChunkedLmHeadCe> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const at::Tensor& targets, double normalizer, int64_t chunk_tokens) {
+    const bool need_grad = h.requires_grad() || weight.requires_grad();
+    const int64_t n = h.size(0), vocab = weight.size(0);
+    const at::Tensor t = targets.to(h.device(), at::kLong).contiguous();
+    const at::Tensor hc = h.contiguous();
+    // As many logits at once as the token-chunked form holds: chunk_tokens * vocab.
+    const int64_t budget = std::max<int64_t>(1, chunk_tokens * vocab / std::max<int64_t>(n, 1));
+    const int64_t cols = std::min<int64_t>(vocab, budget >= 64 ? budget / 64 * 64 : budget);
+    const auto f32 = h.options().dtype(at::kFloat);
+    at::Tensor run_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
+    at::Tensor run_sum = at::zeros({n}, f32), picked = at::zeros({n}, f32);
+    for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
+      const int64_t len = std::min(cols, vocab - v0);
+      const at::Tensor logits = at::mm(hc, weight.narrow(0, v0, len).t());  // [n, len]
+      CrossEntropyChunkStats(logits, v0, t, vocab, run_max, run_sum, picked);
+    }
+    const at::Tensor lse = run_max + run_sum.log();
+    const at::Tensor valid = t.ge(0) & t.lt(vocab);
+    at::Tensor loss = at::where(valid, lse - picked, at::zeros({}, f32)).sum().div_(normalizer);
+    if (need_grad) {
+      at::Tensor grad_w = at::empty_like(weight);
+      at::Tensor grad_h32 = at::zeros({n, h.size(1)}, f32);
+      for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
+        const int64_t len = std::min(cols, vocab - v0);
+        const at::Tensor w_chunk = weight.narrow(0, v0, len);
+        at::Tensor g = at::mm(hc, w_chunk.t());  // [n, len] logits, then their gradient
+        CrossEntropyChunkGrad(g, v0, t, vocab, lse, 1.0 / normalizer);
+        at::Tensor grad_w_rows = grad_w.narrow(0, v0, len);
+        at::mm_out(grad_w_rows, g.t(), hc);
+        AddMatmulFp32(grad_h32, g, w_chunk);
+      }
+      StashGradients(ctx, ConvertDtype(grad_h32, h.scalar_type()), grad_w);
+    }
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    return TakeScaledGradients(ctx, grad_outputs);
+  }
+};
+
+void CheckHeadArguments(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets, double normalizer,
+                        int64_t chunk_tokens) {
   TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1), "lm head: shape mismatch");
   TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "lm head: targets must be [N]");
   TORCH_CHECK(normalizer > 0, "lm head: normalizer must be positive");
   TORCH_CHECK(chunk_tokens > 0, "lm head: chunk_tokens must be positive");
+}
+
+}  // namespace
+
+at::Tensor LmHeadCrossEntropyByVocabChunks(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
+                                           double normalizer, int64_t chunk_tokens) {
+  CheckHeadArguments(h, weight, targets, normalizer, chunk_tokens);
+  return VocabChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
+}
+
+at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
+                                     double normalizer, int64_t chunk_tokens) {
+  CheckHeadArguments(h, weight, targets, normalizer, chunk_tokens);
+  if (UseFusedKernels(h) && h.scalar_type() == weight.scalar_type())
+    return VocabChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
   return ChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "engine/kernels/fused_ops.h"
 #include "engine/model/lm_head_loss.h"
 
 namespace slide {
@@ -16,15 +17,6 @@ at::Tensor P(const UnitLayout& layout, const at::Tensor& flat, const char* local
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
-}
-
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
-}
-
-at::Tensor ApplyRope(const at::Tensor& x, const RopeTables& rope) {  // x [B, heads, S, D]
-  return x * rope.cos + RotateHalf(x) * rope.sin;
 }
 
 }  // namespace
@@ -62,12 +54,6 @@ RopeTables BuildRopeTables(const ModelConfig& cfg, int64_t seq_len, at::TensorOp
   return {emb.cos().to(options), emb.sin().to(options)};
 }
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor x32 = x.to(at::kFloat);
-  at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
-}
-
 at::Tensor EmbeddingForward(const UnitLayout& layout, const at::Tensor& flat, const at::Tensor& ids) {
   return at::embedding(P(layout, flat, "embed_tokens.weight"), ids);
 }
@@ -90,8 +76,8 @@ at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout,
     q = RmsNorm(q, P(layout, flat, "self_attn.q_norm.weight"), eps);
     k = RmsNorm(k, P(layout, flat, "self_attn.k_norm.weight"), eps);
   }
-  q = ApplyRope(q.transpose(1, 2), rope);  // [B, heads, S, D]
-  k = ApplyRope(k.transpose(1, 2), rope);
+  q = ApplyRotary(q, rope.cos, rope.sin).transpose(1, 2);  // [B, heads, S, D]
+  k = ApplyRotary(k, rope.cos, rope.sin).transpose(1, 2);
 
   std::optional<at::Tensor> mask;
   bool causal = true;
@@ -112,8 +98,7 @@ at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout,
   h = RmsNorm(x1, P(layout, flat, "post_attention_layernorm.weight"), eps);
   at::Tensor gate = Linear(h, P(layout, flat, "mlp.gate_proj.weight"), P(layout, flat, "mlp.gate_proj.bias"));
   at::Tensor up = Linear(h, P(layout, flat, "mlp.up_proj.weight"), P(layout, flat, "mlp.up_proj.bias"));
-  return x1 +
-         Linear(at::silu(gate) * up, P(layout, flat, "mlp.down_proj.weight"), P(layout, flat, "mlp.down_proj.bias"));
+  return x1 + Linear(SwiGlu(gate, up), P(layout, flat, "mlp.down_proj.weight"), P(layout, flat, "mlp.down_proj.bias"));
 }
 
 at::Tensor LmHeadWeight(const ModelLayout& layout, const at::Tensor& embed_flat, const at::Tensor& head_flat) {

@@ -1,7 +1,8 @@
 // The Llama-family forward pass, unit by unit. Every function is differentiable with autograd: the sliding
 // engine recomputes a unit's forward under autograd and calls backward on it alone; the reference trainer
 // chains the units into one graph. Weights come as a unit's flat buffer plus its layout (views are taken
-// inside), so a unit's gradient lands in one flat buffer too. Compute runs in the weights' dtype.
+// inside), so a unit's gradient lands in one flat buffer too. Compute runs in the weights' dtype. RMSNorm, RoPE,
+// SwiGLU and the loss run as fused CUDA kernels on the GPU (engine/kernels/fused_ops.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,9 +20,6 @@ struct RopeTables {
 };
 at::Tensor RopeInverseFrequencies(const ModelConfig& cfg);  // [head_dim/2] fp32, scaling applied
 RopeTables BuildRopeTables(const ModelConfig& cfg, int64_t seq_len, at::TensorOptions options);
-
-// x * rsqrt(mean(x^2) + eps) computed in fp32, cast back to x's dtype, then scaled by weight.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // ids [B, S] int64 -> hidden [B, S, H]
 at::Tensor EmbeddingForward(const UnitLayout& layout, const at::Tensor& flat, const at::Tensor& ids);

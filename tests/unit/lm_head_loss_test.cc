@@ -1,4 +1,6 @@
-// The chunked LM head + cross-entropy equals the plain full-logits formulation, for any chunk size.
+// The chunked LM head + cross-entropy equals the plain full-logits formulation, for any chunk size, in both
+// forms: token chunks (the CPU path) and vocabulary chunks (the CUDA path; here through its ATen row operations,
+// the kernels themselves are checked in fused_kernels_test.cc).
 #include "engine/model/lm_head_loss.h"
 
 #include <ATen/ATen.h>
@@ -13,13 +15,18 @@ struct Result {
   at::Tensor loss, grad_h, grad_w;
 };
 
-Result RunLoss(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& targets, double norm, int64_t chunk) {
+enum class Form { kTokenChunks, kVocabChunks };
+
+Result RunLoss(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& targets, double norm, int64_t chunk,
+               Form form = Form::kTokenChunks) {
   at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
   at::Tensor loss;
   if (chunk == 0) {  // reference: full logits, sum-reduced CE with ignore index
     loss = at::cross_entropy_loss(at::matmul(h, w.t()).to(at::kFloat), targets, {}, at::Reduction::Sum, -100) / norm;
-  } else {
+  } else if (form == Form::kTokenChunks) {
     loss = ChunkedLmHeadCrossEntropy(h, w, targets, norm, chunk);
+  } else {
+    loss = LmHeadCrossEntropyByVocabChunks(h, w, targets, norm, chunk);
   }
   (loss * 3.0).backward();  // a non-unit upstream gradient exercises backward's scaling
   return {loss.detach(), h.grad(), w.grad()};
@@ -38,6 +45,37 @@ TEST(ChunkedLmHeadCe, MatchesFullLogitsForEveryChunkSize) {
     EXPECT_LE(testing::Compare(got.grad_h, ref.grad_h).rel, 1e-5) << "chunk " << chunk;
     EXPECT_LE(testing::Compare(got.grad_w, ref.grad_w).rel, 1e-5) << "chunk " << chunk;
   }
+}
+
+// chunk_tokens 1 over 37 tokens and a vocabulary of 50 gives one-column chunks; 7 gives 9 columns (the last
+// chunk shorter), 37 and more the whole vocabulary at once. Targets land on every chunk edge.
+TEST(ChunkedLmHeadCe, VocabularyChunksMatchFullLogits) {
+  at::manual_seed(2);
+  const int64_t n = 37, hidden = 16, vocab = 50;
+  at::Tensor h = at::randn({n, hidden}), w = at::randn({vocab, hidden}) * 0.3;
+  at::Tensor t = at::arange(n, at::kLong) * 9 % vocab;
+  t.index_put_({at::tensor({1, 4, 30})}, -100);
+  Result ref = RunLoss(h, w, t, 29.0, 0);
+  for (int64_t chunk : {1, 7, 20, 37, 1000}) {
+    Result got = RunLoss(h, w, t, 29.0, chunk, Form::kVocabChunks);
+    EXPECT_LE(testing::Compare(got.loss, ref.loss).rel, 1e-6) << "chunk " << chunk;
+    EXPECT_LE(testing::Compare(got.grad_h, ref.grad_h).rel, 1e-5) << "chunk " << chunk;
+    EXPECT_LE(testing::Compare(got.grad_w, ref.grad_w).rel, 1e-5) << "chunk " << chunk;
+    EXPECT_EQ(got.grad_h[1].abs().sum().item<float>(), 0.0f) << "an ignored token got a gradient";
+  }
+}
+
+TEST(ChunkedLmHeadCe, VocabularyChunksInBf16StayCloseToFp32) {
+  at::manual_seed(3);
+  at::Tensor h = at::randn({64, 32}), w = at::randn({100, 32}) * 0.2;
+  at::Tensor t = at::randint(0, 100, {64}, at::kLong);
+  Result f = RunLoss(h, w, t, 64.0, 0);
+  Result b = RunLoss(h.to(at::kBFloat16), w.to(at::kBFloat16), t, 64.0, 16, Form::kVocabChunks);
+  EXPECT_EQ(b.grad_w.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(b.grad_h.scalar_type(), at::kBFloat16);
+  EXPECT_LE(testing::Compare(b.loss, f.loss).rel, 1e-2);
+  EXPECT_LE(testing::Compare(b.grad_h, f.grad_h).norm_rel, 2e-2);
+  EXPECT_LE(testing::Compare(b.grad_w, f.grad_w).norm_rel, 2e-2);
 }
 
 TEST(ChunkedLmHeadCe, IgnoredTokensGetNoGradient) {

@@ -1,0 +1,128 @@
+// Cross-entropy over a vocabulary chunk of logits [rows, cols]: the stats pass folds the chunk into each row's
+// running max and sum(exp) (online softmax), the grad pass turns the chunk into d(loss)/d(logits) in place.
+// One block per row; logits are read in 16-byte packs; all arithmetic is fp32.
+#include <cmath>
+
+#include "engine/kernels/kernel_utils.cuh"
+
+namespace slide::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct MaxSum {
+  float m;  // running max
+  float s;  // sum of exp(x - m)
+};
+
+__device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b) {
+  if (a.m == -INFINITY) return b;
+  if (b.m == -INFINITY) return a;
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ __forceinline__ MaxSum BlockMerge(MaxSum v, MaxSum* scratch) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = Merge(v, MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? scratch[lane] : MaxSum{-INFINITY, 0.f};
+    for (int o = 16; o > 0; o >>= 1)
+      v = Merge(v, MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  }
+  return v;  // valid in thread 0
+}
+
+template <class T, int V>
+__global__ void StatsKernel(const T* __restrict__ logits, int64_t cols, int64_t vocab_offset,
+                            const int64_t* __restrict__ targets, int64_t vocab, float* __restrict__ run_max,
+                            float* __restrict__ run_sum, float* __restrict__ picked) {
+  __shared__ MaxSum scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* lr = logits + row * cols;
+  MaxSum acc{-INFINITY, 0.f};
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+    const Pack<T, V> p = LoadPack<T, V>(lr + c);
+    float pm = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < V; ++k) pm = fmaxf(pm, ToFloat(p.v[k]));
+    if (pm > acc.m) {
+      acc.s *= expf(acc.m - pm);
+      acc.m = pm;
+    }
+    if (acc.m == -INFINITY) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc.s += expf(ToFloat(p.v[k]) - acc.m);
+  }
+  acc = BlockMerge(acc, scratch);
+  if (threadIdx.x == 0) {
+    const MaxSum merged = Merge(MaxSum{run_max[row], run_sum[row]}, acc);
+    run_max[row] = merged.m;
+    run_sum[row] = merged.s;
+    const int64_t t = targets[row];
+    if (t >= 0 && t < vocab && t >= vocab_offset && t < vocab_offset + cols)
+      picked[row] = ToFloat(lr[t - vocab_offset]);
+  }
+}
+
+template <class T, int V>
+__global__ void GradKernel(T* __restrict__ logits, int64_t cols, int64_t vocab_offset,
+                           const int64_t* __restrict__ targets, int64_t vocab, const float* __restrict__ lse,
+                           float scale) {
+  const int64_t row = blockIdx.x;
+  T* lr = logits + row * cols;
+  const int64_t t = targets[row];
+  const float row_scale = (t >= 0 && t < vocab) ? scale : 0.f;
+  const int64_t local_target = t - vocab_offset;
+  const float l = lse[row];
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+    Pack<T, V> p = LoadPack<T, V>(lr + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float g = expf(ToFloat(p.v[k]) - l) * row_scale;
+      if (c + k == local_target) g -= row_scale;
+      p.v[k] = FromFloat<T>(g);
+    }
+    StorePack<T, V>(lr + c, p);
+  }
+}
+
+}  // namespace
+
+cudaError_t CrossEntropyStats(DType t, const void* logits, int64_t rows, int64_t cols, int64_t vocab_offset,
+                              const int64_t* targets, int64_t vocab, float* run_max, float* run_sum, float* picked,
+                              cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* l = static_cast<const T*>(logits);
+    if (PackAligned<T>(cols, {logits})) {
+      StatsKernel<T, kPack<T>>
+          <<<rows, kThreads, 0, stream>>>(l, cols, vocab_offset, targets, vocab, run_max, run_sum, picked);
+    } else {
+      StatsKernel<T, 1><<<rows, kThreads, 0, stream>>>(l, cols, vocab_offset, targets, vocab, run_max, run_sum, picked);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t CrossEntropyGrad(DType t, void* logits, int64_t rows, int64_t cols, int64_t vocab_offset,
+                             const int64_t* targets, int64_t vocab, const float* lse, float scale,
+                             cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    T* l = static_cast<T*>(logits);
+    if (PackAligned<T>(cols, {logits})) {
+      GradKernel<T, kPack<T>><<<rows, kThreads, 0, stream>>>(l, cols, vocab_offset, targets, vocab, lse, scale);
+    } else {
+      GradKernel<T, 1><<<rows, kThreads, 0, stream>>>(l, cols, vocab_offset, targets, vocab, lse, scale);
+    }
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace slide::cuda

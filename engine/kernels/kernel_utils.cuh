@@ -1,0 +1,91 @@
+// Device helpers shared by the kernels: fp32 <-> element conversion, 16-byte vector packs, block reductions,
+// and the dtype dispatch of the launchers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/kernels/cuda_launchers.h"
+
+namespace slide::cuda {
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+// The value after a round trip through T (what storing an intermediate in T would keep).
+template <class T>
+__device__ __forceinline__ float RoundTo(float v) {
+  return ToFloat(FromFloat<T>(v));
+}
+
+// N elements of T loaded or stored as one access (16 bytes when N * sizeof(T) == 16).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+template <class T, int N>
+__device__ __forceinline__ Pack<T, N> LoadPack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <class T, int N>
+__device__ __forceinline__ void StorePack(T* p, const Pack<T, N>& v) {
+  *reinterpret_cast<Pack<T, N>*>(p) = v;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats; all threads must call.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = WarpSum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < warps ? scratch[threadIdx.x] : 0.f;
+  if (warp == 0) v = WarpSum(v);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  const float total = scratch[0];
+  __syncthreads();  // scratch may be reused right after
+  return total;
+}
+
+// Elements per 16-byte pack, and whether every row of `cols` elements starting at the given pointers is
+// aligned for packs.
+template <class T>
+constexpr int kPack = 16 / sizeof(T);
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Whether rows of `n` elements at each pointer can be walked in 16-byte packs.
+template <class T>
+bool PackAligned(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % kPack<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (!Aligned16(p)) return false;
+  return true;
+}
+
+// Calls fn(T{}) with T the element type of `t`.
+template <class Fn>
+cudaError_t Dispatch(DType t, Fn&& fn) {
+  if (t == DType::kFloat) return fn(float{});
+  return fn(__nv_bfloat16{});
+}
+
+inline int Blocks(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+}  // namespace slide::cuda

@@ -1,0 +1,218 @@
+// RMSNorm forward and backward. Forward: one block per row. Backward: a block walks a stripe of rows and keeps
+// its share of the weight gradient in fp32 (registers, with the row itself held between the two passes, for rows
+// up to 4 packs per thread; shared memory, one float per column, beyond), and a second kernel sums the stripes.
+// The forward rounds the normalised row to T before the weight multiply, as the unfused reference does.
+#include "engine/kernels/kernel_utils.cuh"
+
+namespace slide::cuda {
+namespace {
+
+int RowThreads(int64_t cols, int vec) {
+  const int64_t packs = (cols + vec - 1) / vec;
+  int threads = 32;
+  while (threads < 256 && threads < packs) threads *= 2;
+  return threads;
+}
+
+template <class T, int V>
+__global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                     float* __restrict__ rstd, int64_t cols, float eps) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+    const Pack<T, V> p = LoadPack<T, V>(xr + c);
+#pragma unroll
+    for (int i = 0; i < V; ++i) ss += ToFloat(p.v[i]) * ToFloat(p.v[i]);
+  }
+  const float r = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+    const Pack<T, V> px = LoadPack<T, V>(xr + c), pw = LoadPack<T, V>(w + c);
+    Pack<T, V> out;
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = FromFloat<T>(RoundTo<T>(ToFloat(px.v[i]) * r) * ToFloat(pw.v[i]));
+    StorePack<T, V>(yr + c, out);
+  }
+}
+
+// The backward for rows of at most P packs per thread: the row (dy, x) stays in registers between the two
+// passes and the thread's share of the weight gradient accumulates in registers.
+template <class T, int V, int P>
+__global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                               const T* __restrict__ w, const float* __restrict__ rstd,
+                                               T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
+                                               int64_t cols) {
+  __shared__ float scratch[32];
+  float dw_acc[P][V];
+  Pack<T, V> pw[P];
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
+#pragma unroll
+    for (int i = 0; i < V; ++i) dw_acc[k][i] = 0.f;
+    if (c < cols) pw[k] = LoadPack<T, V>(w + c);
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float r = rstd[row];
+    Pack<T, V> pdy[P], px[P];
+    float dot = 0.f;  // sum(dn * n)
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
+      if (c >= cols) continue;
+      pdy[k] = LoadPack<T, V>(dy + row * cols + c);
+      px[k] = LoadPack<T, V>(x + row * cols + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        dot += RoundTo<T>(ToFloat(pdy[k].v[i]) * ToFloat(pw[k].v[i])) * ToFloat(px[k].v[i]) * r;
+    }
+    const float mean = BlockSum(dot, scratch) / static_cast<float>(cols);
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
+      if (c >= cols) continue;
+      Pack<T, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float n = ToFloat(px[k].v[i]) * r;
+        const float dn = RoundTo<T>(ToFloat(pdy[k].v[i]) * ToFloat(pw[k].v[i]));
+        out.v[i] = FromFloat<T>(r * (dn - n * mean));
+        dw_acc[k][i] += ToFloat(pdy[k].v[i]) * RoundTo<T>(n);
+      }
+      StorePack<T, V>(dx + row * cols + c, out);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
+    if (c >= cols) continue;
+#pragma unroll
+    for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + c + i] = dw_acc[k][i];
+  }
+}
+
+template <class T, int V>
+__global__ void RmsNormBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                      const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
+                                      int64_t rows, int64_t cols) {
+  extern __shared__ float dw_acc[];  // [cols]: each thread touches only the columns it owns
+  __shared__ float scratch[32];
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V)
+#pragma unroll
+    for (int i = 0; i < V; ++i) dw_acc[c + i] = 0.f;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* dyr = dy + row * cols;
+    const T* xr = x + row * cols;
+    const float r = rstd[row];
+    float dot = 0.f;  // sum(dn * n)
+    for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+      const Pack<T, V> pdy = LoadPack<T, V>(dyr + c), px = LoadPack<T, V>(xr + c), pw = LoadPack<T, V>(w + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) dot += RoundTo<T>(ToFloat(pdy.v[i]) * ToFloat(pw.v[i])) * ToFloat(px.v[i]) * r;
+    }
+    const float mean = BlockSum(dot, scratch) / static_cast<float>(cols);
+    for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+      const Pack<T, V> pdy = LoadPack<T, V>(dyr + c), px = LoadPack<T, V>(xr + c), pw = LoadPack<T, V>(w + c);
+      Pack<T, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float n = ToFloat(px.v[i]) * r;
+        const float dn = RoundTo<T>(ToFloat(pdy.v[i]) * ToFloat(pw.v[i]));
+        out.v[i] = FromFloat<T>(r * (dn - n * mean));
+        dw_acc[c + i] += ToFloat(pdy.v[i]) * RoundTo<T>(n);
+      }
+      StorePack<T, V>(dx + row * cols + c, out);
+    }
+  }
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V)
+#pragma unroll
+    for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + c + i] = dw_acc[c + i];
+}
+
+// dw[c] = sum over parts: a block takes 32 columns, its 8 rows of threads split the parts between them.
+template <class T>
+__global__ void SumPartialsKernel(const float* __restrict__ partial, int parts, int64_t cols, T* __restrict__ dw) {
+  __shared__ float sums[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.f;
+  if (c < cols)
+    for (int p = threadIdx.y; p < parts; p += 8) s += partial[p * cols + c];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
+    dw[c] = FromFloat<T>(total);
+  }
+}
+
+}  // namespace
+
+cudaError_t RmsNormForward(DType t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t cols,
+                           float eps, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(w);
+    T* yt = static_cast<T*>(y);
+    if (PackAligned<T>(cols, {x, w, y})) {
+      RmsNormForwardKernel<T, kPack<T>><<<rows, RowThreads(cols, kPack<T>), 0, stream>>>(xt, wt, yt, rstd, cols, eps);
+    } else {
+      RmsNormForwardKernel<T, 1><<<rows, RowThreads(cols, 1), 0, stream>>>(xt, wt, yt, rstd, cols, eps);
+    }
+    return cudaGetLastError();
+  });
+}
+
+int RmsNormPartialRows(int64_t rows) {
+  int sms = 132;
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  // Enough blocks in flight to hide the per-row reduction's latency; each writes one row of partial sums.
+  return static_cast<int>(rows < 4 * sms ? (rows > 0 ? rows : 1) : 4 * sms);
+}
+
+cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                            void* dw, float* partial, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  const int parts = RmsNormPartialRows(rows);
+  const size_t shared = static_cast<size_t>(cols) * sizeof(float);
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kPack<T>;
+    const bool packs = PackAligned<T>(cols, {dy, x, w, dx});
+    const int threads = RowThreads(cols, packs ? V : 1);
+    const int64_t per_thread = packs ? (cols / V + threads - 1) / threads : 0;
+    if (rows == 0) {
+      cudaMemsetAsync(partial, 0, static_cast<size_t>(parts) * shared, stream);
+    } else if (packs && per_thread <= 4) {
+      auto* kernel = per_thread <= 1   ? RmsNormBackwardRegistersKernel<T, V, 1>
+                     : per_thread <= 2 ? RmsNormBackwardRegistersKernel<T, V, 2>
+                                       : RmsNormBackwardRegistersKernel<T, V, 4>;
+      kernel<<<parts, threads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                            static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows, cols);
+    } else {
+      auto* kernel = packs ? RmsNormBackwardKernel<T, V> : RmsNormBackwardKernel<T, 1>;
+      // The weight-gradient share lives in dynamic shared memory: past 32 KiB (with the static scratch) the
+      // kernel must opt in to more than the default 48 KiB.
+      if (shared > 32 * 1024) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+        if (e != cudaSuccess) return e;
+      }
+      kernel<<<parts, threads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                 static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows,
+                                                 cols);
+    }
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    SumPartialsKernel<T><<<Blocks(cols, 32), dim3(32, 8), 0, stream>>>(partial, parts, cols, static_cast<T*>(dw));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace slide::cuda
