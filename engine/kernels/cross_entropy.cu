@@ -1,6 +1,8 @@
 // Cross-entropy over a vocabulary chunk of logits [rows, cols]: the stats pass folds the chunk into each row's
 // running max and sum(exp) (online softmax), the grad pass turns the chunk into d(loss)/d(logits) in place.
-// One block per row; logits are read in 16-byte packs; all arithmetic is fp32.
+// One block per row; logits are read in 16-byte packs; all arithmetic is fp32, with the exponentials taken in
+// base 2 on logits pre-scaled by log2(e) (one MUFU.EX2 per element instead of expf's longer sequence; the
+// kernel is otherwise bound by arithmetic, not memory). run_max is kept in natural units.
 #include <cmath>
 
 #include "engine/kernels/kernel_utils.cuh"
@@ -9,17 +11,19 @@ namespace slide::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 struct MaxSum {
-  float m;  // running max
-  float s;  // sum of exp(x - m)
+  float m;  // running max of x * log2(e)
+  float s;  // sum of 2^(x * log2(e) - m) = sum of exp(x - max)
 };
 
 __device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b) {
   if (a.m == -INFINITY) return b;
   if (b.m == -INFINITY) return a;
   const float m = fmaxf(a.m, b.m);
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
 }
 
 __device__ __forceinline__ MaxSum BlockMerge(MaxSum v, MaxSum* scratch) {
@@ -46,21 +50,25 @@ __global__ void StatsKernel(const T* __restrict__ logits, int64_t cols, int64_t 
   MaxSum acc{-INFINITY, 0.f};
   for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
     const Pack<T, V> p = LoadPack<T, V>(lr + c);
+    float v2[V];
     float pm = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < V; ++k) pm = fmaxf(pm, ToFloat(p.v[k]));
+    for (int k = 0; k < V; ++k) {
+      v2[k] = ToFloat(p.v[k]) * kLog2e;
+      pm = fmaxf(pm, v2[k]);
+    }
     if (pm > acc.m) {
-      acc.s *= expf(acc.m - pm);
+      acc.s *= exp2f(acc.m - pm);
       acc.m = pm;
     }
     if (acc.m == -INFINITY) continue;
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc.s += expf(ToFloat(p.v[k]) - acc.m);
+    for (int k = 0; k < V; ++k) acc.s += exp2f(v2[k] - acc.m);
   }
   acc = BlockMerge(acc, scratch);
   if (threadIdx.x == 0) {
-    const MaxSum merged = Merge(MaxSum{run_max[row], run_sum[row]}, acc);
-    run_max[row] = merged.m;
+    const MaxSum merged = Merge(MaxSum{run_max[row] * kLog2e, run_sum[row]}, acc);
+    run_max[row] = merged.m * kLn2;
     run_sum[row] = merged.s;
     const int64_t t = targets[row];
     if (t >= 0 && t < vocab && t >= vocab_offset && t < vocab_offset + cols)
@@ -77,12 +85,12 @@ __global__ void GradKernel(T* __restrict__ logits, int64_t cols, int64_t vocab_o
   const int64_t t = targets[row];
   const float row_scale = (t >= 0 && t < vocab) ? scale : 0.f;
   const int64_t local_target = t - vocab_offset;
-  const float l = lse[row];
+  const float l2 = lse[row] * kLog2e;
   for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
     Pack<T, V> p = LoadPack<T, V>(lr + c);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      float g = expf(ToFloat(p.v[k]) - l) * row_scale;
+      float g = exp2f(ToFloat(p.v[k]) * kLog2e - l2) * row_scale;
       if (c + k == local_target) g -= row_scale;
       p.v[k] = FromFloat<T>(g);
     }

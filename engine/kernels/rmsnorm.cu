@@ -39,7 +39,8 @@ __global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restric
 }
 
 // The backward for rows of at most P packs per thread: the row (dy, x) stays in registers between the two
-// passes and the thread's share of the weight gradient accumulates in registers.
+// passes, the next row's loads are issued before this row's block-wide reduction (so the reduction's latency is
+// hidden behind memory), and the thread's share of the weight gradient accumulates in registers.
 template <class T, int V, int P>
 __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                const T* __restrict__ w, const float* __restrict__ rstd,
@@ -47,33 +48,38 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
                                                int64_t cols) {
   __shared__ float scratch[32];
   float dw_acc[P][V];
-  Pack<T, V> pw[P];
+  Pack<T, V> pw[P], pdy[P], px[P], ndy[P], nx[P];
+  auto column = [&](int k) { return (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V; };
+  auto load_row = [&](int64_t row, Pack<T, V>* dys, Pack<T, V>* xs) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      if (column(k) >= cols) continue;
+      dys[k] = LoadPack<T, V>(dy + row * cols + column(k));
+      xs[k] = LoadPack<T, V>(x + row * cols + column(k));
+    }
+  };
 #pragma unroll
   for (int k = 0; k < P; ++k) {
-    const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
 #pragma unroll
     for (int i = 0; i < V; ++i) dw_acc[k][i] = 0.f;
-    if (c < cols) pw[k] = LoadPack<T, V>(w + c);
+    if (column(k) < cols) pw[k] = LoadPack<T, V>(w + column(k));
   }
+  if (blockIdx.x < rows) load_row(blockIdx.x, pdy, px);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float r = rstd[row];
-    Pack<T, V> pdy[P], px[P];
     float dot = 0.f;  // sum(dn * n)
 #pragma unroll
     for (int k = 0; k < P; ++k) {
-      const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
-      if (c >= cols) continue;
-      pdy[k] = LoadPack<T, V>(dy + row * cols + c);
-      px[k] = LoadPack<T, V>(x + row * cols + c);
+      if (column(k) >= cols) continue;
 #pragma unroll
       for (int i = 0; i < V; ++i)
         dot += RoundTo<T>(ToFloat(pdy[k].v[i]) * ToFloat(pw[k].v[i])) * ToFloat(px[k].v[i]) * r;
     }
+    if (row + gridDim.x < rows) load_row(row + gridDim.x, ndy, nx);
     const float mean = BlockSum(dot, scratch) / static_cast<float>(cols);
 #pragma unroll
     for (int k = 0; k < P; ++k) {
-      const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
-      if (c >= cols) continue;
+      if (column(k) >= cols) continue;
       Pack<T, V> out;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
@@ -82,15 +88,16 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
         out.v[i] = FromFloat<T>(r * (dn - n * mean));
         dw_acc[k][i] += ToFloat(pdy[k].v[i]) * RoundTo<T>(n);
       }
-      StorePack<T, V>(dx + row * cols + c, out);
+      StorePack<T, V>(dx + row * cols + column(k), out);
+      pdy[k] = ndy[k];
+      px[k] = nx[k];
     }
   }
 #pragma unroll
   for (int k = 0; k < P; ++k) {
-    const int64_t c = (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V;
-    if (c >= cols) continue;
+    if (column(k) >= cols) continue;
 #pragma unroll
-    for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + c + i] = dw_acc[k][i];
+    for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + column(k) + i] = dw_acc[k][i];
   }
 }
 
