@@ -2,6 +2,8 @@
 // its share of the weight gradient in fp32 (registers, with the row itself held between the two passes, for rows
 // up to 4 packs per thread; shared memory, one float per column, beyond), and a second kernel sums the stripes.
 // The forward rounds the normalised row to T before the weight multiply, as the unfused reference does.
+#include <algorithm>
+
 #include "engine/kernels/kernel_utils.cuh"
 
 namespace slide::cuda {
@@ -187,7 +189,7 @@ int RmsNormPartialRows(int64_t rows) {
 cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                             void* dw, float* partial, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (cols == 0) return cudaSuccess;
-  const int parts = RmsNormPartialRows(rows);
+  int parts = RmsNormPartialRows(rows);  // the most stripes; fewer when fewer blocks fit on the device at once
   const size_t shared = static_cast<size_t>(cols) * sizeof(float);
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
@@ -201,6 +203,12 @@ cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* 
       auto* kernel = per_thread <= 1   ? RmsNormBackwardRegistersKernel<T, V, 1>
                      : per_thread <= 2 ? RmsNormBackwardRegistersKernel<T, V, 2>
                                        : RmsNormBackwardRegistersKernel<T, V, 4>;
+      // One wave: as many stripes as blocks fit at once (a second, partial wave would idle most SMs).
+      int per_sm = 0, device = 0, sms = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
+          cudaGetDevice(&device) == cudaSuccess &&
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && per_sm > 0)
+        parts = std::min(parts, per_sm * sms);
       kernel<<<parts, threads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                             static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows, cols);
     } else {
