@@ -86,27 +86,15 @@ __global__ void GradKernel(T* __restrict__ logits, int64_t cols, int64_t vocab_o
   const float row_scale = (t >= 0 && t < vocab) ? scale : 0.f;
   const int64_t local_target = t - vocab_offset;
   const float l2 = lse[row] * kLog2e;
-  // kBatch packs per thread per iteration, all loads issued before any store: enough bytes in flight per
-  // thread to keep the memory system busy with one block per row.
-  constexpr int kBatch = 4;
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
-  for (int64_t base = threadIdx.x * V; base < cols; base += kBatch * stride) {
-    Pack<T, V> p[kBatch];
+  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
+    Pack<T, V> p = LoadPack<T, V>(lr + c);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (base + b * stride < cols) p[b] = LoadPack<T, V>(lr + base + b * stride);
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t c = base + b * stride;
-      if (c >= cols) continue;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        float g = exp2f(ToFloat(p[b].v[k]) * kLog2e - l2) * row_scale;
-        if (c + k == local_target) g -= row_scale;
-        p[b].v[k] = FromFloat<T>(g);
-      }
-      StorePack<T, V>(lr + c, p[b]);
+    for (int k = 0; k < V; ++k) {
+      float g = exp2f(ToFloat(p.v[k]) * kLog2e - l2) * row_scale;
+      if (c + k == local_target) g -= row_scale;
+      p.v[k] = FromFloat<T>(g);
     }
+    StorePack<T, V>(lr + c, p);
   }
 }
 
