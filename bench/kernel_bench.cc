@@ -274,11 +274,13 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
         "\"chunk_tokens\": %lld, \"dtype\": \"bf16\", \"fwd_bwd_ms\": %.2f, \"tflops_3gemm\": %.1f, "
         "\"peak_extra_bytes\": %lld, \"gradient_bytes\": %lld, \"working_bytes\": %lld, "
         "\"full_logits_fp32_bytes\": %.0f, \"working_over_full_logits\": %.4f, \"rel_err_vs_full\": {\"loss\": %.3g, "
-        "\"grad_h\": %.3g, \"grad_w\": %.3g}, \"note\": \"peak_extra = peak allocated during forward+backward "
+        "\"grad_h\": %.3g, \"grad_w\": %.3g}, \"input_grad_accumulation\": \"%s\", \"note\": \"peak_extra = peak "
+        "allocated during forward+backward "
         "above the inputs; working = peak_extra - the returned gradients\"}\n",
         form.name, (long long)tokens, (long long)hidden, (long long)vocab, (long long)chunk_tokens, ms,
         flops / ms / 1e9, (long long)peak_extra, (long long)grads, (long long)(peak_extra - grads), full_logits_fp32,
-        (peak_extra - grads) / full_logits_fp32, err_loss, err_gh, err_gw);
+        (peak_extra - grads) / full_logits_fp32, err_loss, err_gh, err_gw,
+        form.kernels ? LmHeadInputGradientAccumulation(true) : "-");
     std::fflush(stdout);
   }
 }

@@ -3,6 +3,7 @@
 // One block per row; logits are read in 16-byte packs; all arithmetic is fp32, with the exponentials taken in
 // base 2 on logits pre-scaled by log2(e) (one MUFU.EX2 per element instead of expf's longer sequence; the
 // kernel is otherwise bound by arithmetic, not memory). run_max is kept in natural units.
+#include <climits>
 #include <cmath>
 
 #include "engine/kernels/kernel_utils.cuh"
@@ -20,6 +21,7 @@ struct MaxSum {
 };
 
 __device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b) {
+  if (isnan(a.s) || isnan(b.s)) return {fmaxf(a.m, b.m), NAN};  // a NaN logit makes the row's loss NaN
   if (a.m == -INFINITY) return b;
   if (b.m == -INFINITY) return a;
   const float m = fmaxf(a.m, b.m);
@@ -52,11 +54,14 @@ __global__ void StatsKernel(const T* __restrict__ logits, int64_t cols, int64_t 
     const Pack<T, V> p = LoadPack<T, V>(lr + c);
     float v2[V];
     float pm = -INFINITY;
+    bool nan = false;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       v2[k] = ToFloat(p.v[k]) * kLog2e;
-      pm = fmaxf(pm, v2[k]);
+      pm = fmaxf(pm, v2[k]);  // fmaxf drops NaN: tracked on the side
+      nan |= isnan(v2[k]);
     }
+    if (nan) acc.s = NAN;
     if (pm > acc.m) {
       acc.s *= exp2f(acc.m - pm);
       acc.m = pm;
@@ -104,6 +109,7 @@ cudaError_t CrossEntropyStats(DType t, const void* logits, int64_t rows, int64_t
                               const int64_t* targets, int64_t vocab, float* run_max, float* run_sum, float* picked,
                               cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
+  if (rows > INT_MAX) return cudaErrorInvalidValue;  // one block per row
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     const T* l = static_cast<const T*>(logits);
@@ -121,6 +127,7 @@ cudaError_t CrossEntropyGrad(DType t, void* logits, int64_t rows, int64_t cols, 
                              const int64_t* targets, int64_t vocab, const float* lse, float scale,
                              cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
+  if (rows > INT_MAX) return cudaErrorInvalidValue;  // one block per row
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     T* l = static_cast<T*>(logits);

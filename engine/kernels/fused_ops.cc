@@ -4,10 +4,14 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 #if SLIDE_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "engine/kernels/cuda_launchers.h"
 #endif
@@ -30,12 +34,27 @@ cuda::DType KernelDtype(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat ? cuda::DType::kFloat : cuda::DType::kBFloat16;
 }
 cudaStream_t Stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// The kernels are built for sm_80 and newer (bf16 arithmetic, 16-byte packs); older devices take the fallback.
+bool DeviceSupported(c10::DeviceIndex index) {
+  static std::atomic<int> supported[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (index < 0 || index >= 64) return false;
+  int state = supported[index].load();
+  if (state == 0) {
+    int major = 0;
+    state =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) == cudaSuccess && major >= 8 ? 1 : 2;
+    supported[index].store(state);
+  }
+  return state == 1;
+}
 void Check(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, "CUDA kernel ", what, " failed: ", cudaGetErrorString(e));
 }
 
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
     const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : xc.numel() / cols;
     at::Tensor y = at::empty_like(xc);
@@ -49,6 +68,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor dy = grads[0].contiguous();
     const int64_t cols = x.size(-1), rows = rstd.size(0);
     at::Tensor dx = at::empty_like(x), dw = at::empty_like(w);
@@ -61,6 +81,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
 };
 
 at::Tensor RunRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   Check(cuda::Rope(KernelDtype(x), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), x.size(0) * x.size(1),
                    x.size(1), x.size(2), x.size(3), backward, Stream()),
@@ -82,6 +103,7 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
 
 struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const c10::cuda::CUDAGuard guard(gate.device());
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g);
     Check(cuda::SwiGluForward(KernelDtype(g), g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), Stream()),
@@ -92,6 +114,7 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &g = saved[0], &u = saved[1];
+    const c10::cuda::CUDAGuard guard(g.device());
     const at::Tensor d = grads[0].contiguous();
     at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
     Check(cuda::SwiGluBackward(KernelDtype(g), d.data_ptr(), g.data_ptr(), u.data_ptr(), dg.data_ptr(), du.data_ptr(),
@@ -102,7 +125,24 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
 };
 #endif  // SLIDE_HAVE_CUDA
 
-bool SameDtype(const at::Tensor& a, const at::Tensor& b) { return a.scalar_type() == b.scalar_type(); }
+// b can join a in a fused kernel: same dtype, same device.
+bool SameDtype(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.device() == b.device();
+}
+
+// The cross-entropy row operations' arguments: logits [rows, cols]; int64 targets and fp32 [rows] state, all
+// contiguous on the logits' device.
+void CheckRowArguments(const at::Tensor& logits, const at::Tensor& targets,
+                       std::initializer_list<const at::Tensor*> row_state) {
+  TORCH_CHECK(logits.dim() == 2, "cross-entropy rows: logits must be [rows, cols]");
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong &&
+                  targets.is_contiguous() && targets.device() == logits.device(),
+              "cross-entropy rows: targets must be contiguous int64 [rows] on the logits' device");
+  for (const at::Tensor* t : row_state)
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == logits.size(0) && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                    t->device() == logits.device(),
+                "cross-entropy rows: row state must be contiguous fp32 [rows] on the logits' device");
+}
 
 }  // namespace
 
@@ -111,8 +151,14 @@ void SetFusedKernelsEnabled(bool enabled) { g_enabled.store(enabled); }
 bool FusedKernelsEnabled() { return SLIDE_HAVE_CUDA && g_enabled.load(); }
 
 bool UseFusedKernels(const at::Tensor& x) {
-  return FusedKernelsEnabled() && x.defined() && x.is_cuda() &&
-         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+  if (!FusedKernelsEnabled() || !x.defined() || !x.is_cuda() ||
+      (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16))
+    return false;
+#if SLIDE_HAVE_CUDA
+  return DeviceSupported(x.device().index());
+#else
+  return false;
+#endif
 }
 
 at::Tensor RmsNormUnfused(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -159,11 +205,15 @@ at::Tensor ConvertDtype(const at::Tensor& x, at::ScalarType dtype) {
   const bool b2f = x.scalar_type() == at::kBFloat16 && dtype == at::kFloat;
   if (UseFusedKernels(x) && (f2b || b2f)) {
     const at::Tensor xc = x.contiguous();
-    at::Tensor out = at::empty(xc.sizes(), xc.options().dtype(dtype));
-    Check(f2b ? cuda::FloatToBFloat16(xc.data_ptr<float>(), out.data_ptr(), xc.numel(), Stream())
-              : cuda::BFloat16ToFloat(xc.data_ptr(), out.data_ptr<float>(), xc.numel(), Stream()),
-          "dtype conversion");
-    return out;
+    // The kernel reads and writes packs of four; a view at an unaligned offset takes Tensor::to.
+    if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16 == 0) {
+      const c10::cuda::CUDAGuard guard(x.device());
+      at::Tensor out = at::empty(xc.sizes(), xc.options().dtype(dtype));
+      Check(f2b ? cuda::FloatToBFloat16(xc.data_ptr<float>(), out.data_ptr(), xc.numel(), Stream())
+                : cuda::BFloat16ToFloat(xc.data_ptr(), out.data_ptr<float>(), xc.numel(), Stream()),
+            "dtype conversion");
+      return out;
+    }
   }
 #endif
   return x.to(dtype);
@@ -172,8 +222,10 @@ at::Tensor ConvertDtype(const at::Tensor& x, at::ScalarType dtype) {
 void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab,
                             at::Tensor& run_max, at::Tensor& run_sum, at::Tensor& picked) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
+  CheckRowArguments(logits, targets, {&run_max, &run_sum, &picked});
 #if SLIDE_HAVE_CUDA
   if (UseFusedKernels(logits) && logits.is_contiguous()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
     Check(cuda::CrossEntropyStats(KernelDtype(logits), logits.data_ptr(), rows, cols, vocab_offset,
                                   targets.data_ptr<int64_t>(), vocab, run_max.data_ptr<float>(),
                                   run_sum.data_ptr<float>(), picked.data_ptr<float>(), Stream()),
@@ -183,7 +235,9 @@ void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, cons
 #endif
   const at::Tensor lf = logits.to(at::kFloat);
   const at::Tensor chunk_max = std::get<0>(lf.max(1));
-  const at::Tensor chunk_sum = (lf - chunk_max.unsqueeze(1)).exp().sum(1);
+  // A row whose chunk is all -inf adds nothing (shift by 0 instead of -inf, which would give NaN).
+  const at::Tensor shift = at::where(chunk_max.isneginf(), at::zeros_like(chunk_max), chunk_max);
+  const at::Tensor chunk_sum = (lf - shift.unsqueeze(1)).exp().sum(1);
   const at::Tensor new_max = at::maximum(run_max, chunk_max);
   // exp(-inf - m) = 0 folds in an empty running state.
   run_sum.copy_(run_sum * (run_max - new_max).exp() + chunk_sum * (chunk_max - new_max).exp());
@@ -198,8 +252,10 @@ void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, cons
 void CrossEntropyChunkGrad(at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab,
                            const at::Tensor& lse, double scale) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
+  CheckRowArguments(logits, targets, {&lse});
 #if SLIDE_HAVE_CUDA
   if (UseFusedKernels(logits) && logits.is_contiguous()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
     Check(cuda::CrossEntropyGrad(KernelDtype(logits), logits.data_ptr(), rows, cols, vocab_offset,
                                  targets.data_ptr<int64_t>(), vocab, lse.data_ptr<float>(), static_cast<float>(scale),
                                  Stream()),

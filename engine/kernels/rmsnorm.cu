@@ -3,6 +3,7 @@
 // up to 4 packs per thread; shared memory, one float per column, beyond), and a second kernel sums the stripes.
 // The forward rounds the normalised row to T before the weight multiply, as the unfused reference does.
 #include <algorithm>
+#include <climits>
 
 #include "engine/kernels/kernel_utils.cuh"
 
@@ -164,6 +165,7 @@ __global__ void SumPartialsKernel(const float* __restrict__ partial, int parts, 
 cudaError_t RmsNormForward(DType t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t cols,
                            float eps, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
+  if (rows > INT_MAX) return cudaErrorInvalidValue;  // one block per row
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
@@ -215,10 +217,19 @@ cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* 
       auto* kernel = packs ? RmsNormBackwardKernel<T, V> : RmsNormBackwardKernel<T, 1>;
       // The weight-gradient share lives in dynamic shared memory: past 32 KiB (with the static scratch) the
       // kernel must opt in to more than the default 48 KiB.
+      // The opt-in is set to the device's maximum, the same value on every call (no race between callers with
+      // different widths); a row wider than that is refused.
       if (shared > 32 * 1024) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-        if (e != cudaSuccess) return e;
+        int device = 0, optin = 0;
+        if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+        if (const cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+            e != cudaSuccess)
+          return e;
+        if (shared + 32 * sizeof(float) > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
+        if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       optin - static_cast<int>(32 * sizeof(float)));
+            e != cudaSuccess)
+          return e;
       }
       kernel<<<parts, threads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                  static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows,

@@ -28,8 +28,8 @@ torch::autograd::variable_list TakeScaledGradients(torch::autograd::AutogradCont
   ctx->saved_data.erase("grad_h");
   ctx->saved_data.erase("grad_w");
   const at::Tensor& go = grad_outputs[0];
-  grad_h.mul_(go.to(grad_h.scalar_type()));
-  grad_w.mul_(go.to(grad_w.scalar_type()));
+  grad_h.mul_(go);  // in place, computed in fp32 (the 0-dim upstream gradient does not round to bf16 first)
+  grad_w.mul_(go);
   return {grad_h, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
@@ -78,6 +78,8 @@ struct ChunkedLmHeadCe : public torch::autograd::Function<ChunkedLmHeadCe> {
   }
 };
 
+std::atomic<int> g_out_dtype_works[2] = {-1, -1};  // per device kind (CPU, CUDA): -1 unknown, 1 yes, 0 no
+
 // acc [M, N] fp32 += a [M, K] @ b [K, N] with one rounding: bf16 operands go through cuBLAS with fp32 output
 // (addmm's out_dtype); where that overload is not available the product is rounded to bf16 first.
 void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
@@ -85,8 +87,7 @@ void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
     acc.addmm_(a, b);
     return;
   }
-  static std::atomic<int> out_dtype_works[2] = {-1, -1};  // per device kind (CPU, CUDA): -1 unknown, 1 yes, 0 no
-  std::atomic<int>& works = out_dtype_works[a.is_cuda() ? 1 : 0];
+  std::atomic<int>& works = g_out_dtype_works[a.is_cuda() ? 1 : 0];
   if (works.load() != 0) {
     try {
       at::addmm_out(acc, acc, a, b, at::kFloat);
@@ -159,6 +160,17 @@ void CheckHeadArguments(const at::Tensor& h, const at::Tensor& weight, const at:
 }
 
 }  // namespace
+
+const char* LmHeadInputGradientAccumulation(bool cuda) {
+  switch (g_out_dtype_works[cuda ? 1 : 0].load()) {
+    case 1:
+      return "fp32";
+    case 0:
+      return "bf16_product_per_chunk";
+    default:
+      return "unused";
+  }
+}
 
 at::Tensor LmHeadCrossEntropyByVocabChunks(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                            double normalizer, int64_t chunk_tokens) {

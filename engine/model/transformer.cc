@@ -146,4 +146,14 @@ at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const 
 
 int64_t CountValidTargets(const at::Tensor& targets) { return targets.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
+int64_t CheckedTargetCount(const at::Tensor& targets, int64_t vocab) {
+  const at::Tensor bad = targets.ne(kIgnoreIndex) & (targets.lt(0) | targets.ge(vocab));
+  if (bad.any().item<bool>()) {
+    const int64_t at = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK(false, "target ", targets.reshape({-1})[at].item<int64_t>(), " at position ", at,
+                " is neither -100 nor a token id in [0, ", vocab, ")");
+  }
+  return CountValidTargets(targets);
+}
+
 }  // namespace slide

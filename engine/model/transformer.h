@@ -52,6 +52,9 @@ at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const 
 
 // Number of targets that count (!= -100).
 int64_t CountValidTargets(const at::Tensor& targets);
+// The same after checking that every target is -100 or in [0, vocab) (a c10::Error naming the first bad one
+// otherwise): the trainers call it on the host batch before anything reaches the device.
+int64_t CheckedTargetCount(const at::Tensor& targets, int64_t vocab);
 
 constexpr int64_t kIgnoreIndex = -100;
 

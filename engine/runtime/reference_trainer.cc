@@ -35,7 +35,7 @@ ReferenceTrainer::ReferenceTrainer(ModelConfig cfg, ModelParams master_fp32, Tra
 StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   StepStats stats;
-  for (const auto& mb : micro_batches) stats.valid_targets += CountValidTargets(mb.targets);
+  for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
 
   // Compute-dtype copies of the master are the autograd leaves; their grads are folded into fp32 after each

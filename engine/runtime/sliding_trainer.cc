@@ -352,7 +352,7 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
 double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
   int64_t valid = 0;
-  for (const auto& mb : micro_batches) valid += CountValidTargets(mb.targets);
+  for (const auto& mb : micro_batches) valid += CheckedTargetCount(mb.targets, cfg_.vocab_size);
   const double normalizer = std::max<int64_t>(1, valid);
   LoadEdgeUnit(/*head=*/false);
   at::AutoGradMode no_grad(false);
@@ -383,7 +383,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     for (const auto& u : layout_.units) grad_accum_.push_back(at::empty({u.numel}, at::kFloat));
 
   StepStats stats;
-  for (const auto& mb : micro_batches) stats.valid_targets += CountValidTargets(mb.targets);
+  for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
   const bool clip = opts_.train.max_grad_norm > 0;
   const double lr = opts_.train.schedule.At(step_);

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/model/lm_head_loss.h"
 #include "engine/model/transformer.h"
 #include "tests/support/fixtures.h"
@@ -86,8 +88,13 @@ TEST(FusedKernels, RmsNormMatchesCpuReference_CUDA) {
   };
   // 4096 and 128 columns in bf16 take the pack path (the hidden norm and Qwen3's per-head norm); 1001 the scalar
   // path; fp32 both; 12288 columns need more than 48 KiB of shared memory in the backward.
+  // Rows beyond the number of stripes (a few hundred) make each block of the backward walk several rows: the
+  // register variant with its next-row prefetch (4096 bf16; 6144 bf16 and 3000 fp32 with a partly empty 4th pack
+  // slot) and the shared-memory variant (1001 columns, scalar) accumulate the weight gradient across rows.
   for (const Case& c : {Case{67, 4096, at::kBFloat16}, Case{300, 128, at::kBFloat16}, Case{5, 1001, at::kBFloat16},
-                        Case{33, 1000, at::kFloat}, Case{9, 1001, at::kFloat}, Case{3, 12288, at::kFloat}}) {
+                        Case{33, 1000, at::kFloat}, Case{9, 1001, at::kFloat}, Case{3, 12288, at::kFloat},
+                        Case{4096, 4096, at::kBFloat16}, Case{2000, 6144, at::kBFloat16},
+                        Case{1500, 1001, at::kBFloat16}, Case{2000, 3000, at::kFloat}}) {
     at::manual_seed(c.rows);
     const at::Tensor x = at::randn({c.rows, c.cols}).to(c.dtype), w = (1 + 0.1 * at::randn({c.cols})).to(c.dtype);
     const at::Tensor up = at::randn({c.rows, c.cols});
@@ -219,6 +226,46 @@ TEST(FusedKernels, DecoderLayerWithKernelsMatchesWithout_CUDA) {
     EXPECT_LE(testing::Compare(Cpu32(fused.grads[0]), Cpu32(plain.grads[0])).norm_rel, 2e-2) << family << " d weights";
     EXPECT_LE(testing::Compare(Cpu32(fused.grads[1]), Cpu32(plain.grads[1])).norm_rel, 2e-2) << family << " dx";
   }
+}
+
+// The engine's weights are views into one flat buffer; one at an odd offset is not 16-byte aligned and must take
+// the kernels' scalar path, with the same result.
+TEST(FusedKernels, UnalignedWeightViewsTakeTheScalarPath_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(5);
+  const at::Tensor flat = (1 + 0.1 * at::randn({4097})).to(at::kCUDA, at::kBFloat16);
+  const at::Tensor w_odd = flat.narrow(0, 1, 4096), w_aligned = w_odd.clone();
+  const at::Tensor x = at::randn({64, 4096}).to(at::kCUDA, at::kBFloat16);
+  EXPECT_TRUE(at::equal(RmsNorm(x, w_odd, 1e-5), RmsNorm(x, w_aligned, 1e-5)));
+}
+
+// Logits far from zero with the row maximum in a later vocabulary chunk stress the online rescaling (and the
+// base-2 conversion of the running maximum); a NaN logit makes that token's loss, and so the sum, NaN.
+TEST(FusedKernels, LmHeadCrossEntropyLargeLogitsAndNaN_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(6);
+  const int64_t n = 64, hidden = 32, vocab = 4096;
+  const at::Tensor h = at::randn({n, hidden});
+  at::Tensor w = at::randn({vocab, hidden});
+  w.narrow(0, vocab - 100, 100).mul_(40);  // the largest logits (|x| ~ 100+) sit in the last chunks
+  const at::Tensor t = at::randint(0, vocab, {n}, at::kLong);
+  const at::Tensor ref =
+      at::cross_entropy_loss(at::matmul(h, w.t()), t, {}, at::Reduction::Sum, -100) / static_cast<double>(n);
+  const at::Tensor got = ChunkedLmHeadCrossEntropy(h.cuda(), w.cuda(), t.cuda(), static_cast<double>(n), 4);
+  EXPECT_LE(testing::Compare(got.cpu(), ref).rel, 1e-5);
+  at::Tensor h_nan = h.clone();
+  h_nan[3][0] = NAN;
+  EXPECT_TRUE(std::isnan(ChunkedLmHeadCrossEntropy(h_nan.cuda(), w.cuda(), t.cuda(), 1.0, 4).item<float>()));
+}
+
+// The input gradient of bf16 operands is summed over the vocabulary chunks in fp32 (one rounding): the cuBLAS
+// path with fp32 output was taken, not the fallback that rounds each chunk's product.
+TEST(FusedKernels, LmHeadInputGradientAccumulatesInFp32_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  const at::Tensor h = at::randn({32, 64}).to(at::kCUDA, at::kBFloat16).requires_grad_(true);
+  const at::Tensor w = at::randn({1000, 64}).to(at::kCUDA, at::kBFloat16).requires_grad_(true);
+  ChunkedLmHeadCrossEntropy(h, w, at::randint(0, 1000, {32}, at::kLong).cuda(), 32.0, 4).backward();
+  EXPECT_STREQ(LmHeadInputGradientAccumulation(/*cuda=*/true), "fp32");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "engine/model/transformer.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -97,6 +98,22 @@ TEST(ChunkedLmHeadCe, Bf16StaysCloseToFp32) {
   EXPECT_LE(testing::Compare(b.loss, f.loss).rel, 1e-2);
   EXPECT_LE(testing::Compare(b.grad_h, f.grad_h).norm_rel, 2e-2);
   EXPECT_LE(testing::Compare(b.grad_w, f.grad_w).norm_rel, 2e-2);
+}
+
+// Both forms agree on what a target may be because the trainers check the host batch first: -100 or a token id.
+TEST(ChunkedLmHeadCe, TargetsOutsideTheVocabularyAreRefusedBeforeTheLoss) {
+  EXPECT_EQ(CheckedTargetCount(at::tensor({0, 49, -100, 7}, at::kLong), 50), 3);
+  for (int64_t bad : {50, -1, 1000}) {
+    try {
+      CheckedTargetCount(at::tensor(std::vector<int64_t>{3, -100, bad}, at::kLong), 50);
+      ADD_FAILURE() << "target " << bad << " was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace())
+                    .find("target " + std::to_string(bad) + " at position 2 is neither -100 nor a token id in [0, 50)"),
+                std::string::npos)
+          << e.what_without_backtrace();
+    }
+  }
 }
 
 }  // namespace
