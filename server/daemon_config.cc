@@ -12,6 +12,7 @@
 #include <set>
 
 #include "engine/common/files.h"
+#include "server/log.h"
 
 namespace slide {
 
@@ -20,6 +21,7 @@ server:
   listen: 127.0.0.1:50151
   metrics_listen: 127.0.0.1:9464
   shutdown_deadline_seconds: 30
+  log_level: info          # debug | info | warning | error (debug adds every job's own log lines)
 storage:
   state_dir: ""            # empty: $XDG_DATA_HOME/slideformer or ~/.local/share/slideformer
 security:
@@ -62,7 +64,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"server",
        {{"listen", Str(&DaemonConfig::listen)},
         {"metrics_listen", Str(&DaemonConfig::metrics_listen)},
-        {"shutdown_deadline_seconds", Int(&DaemonConfig::shutdown_deadline_seconds)}}},
+        {"shutdown_deadline_seconds", Int(&DaemonConfig::shutdown_deadline_seconds)},
+        {"log_level", Str(&DaemonConfig::log_level)}}},
       {"storage", {{"state_dir", Str(&DaemonConfig::state_dir)}}},
       {"security",
        {{"token", Str(&DaemonConfig::token)},
@@ -211,6 +214,9 @@ StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
 }
 
 Status FinalizeDaemonConfig(DaemonConfig* c) {
+  // Here, after the flags: --log-level overrides server.log_level.
+  SLIDE_RETURN_IF_ERROR(Check(ParseLogLevel(c->log_level).has_value(), "server.log_level",
+                              "must be debug, info, warning or error, not '" + c->log_level + "'"));
   if (c->state_dir.empty()) {
     const char* xdg = std::getenv("XDG_DATA_HOME");
     const char* home = std::getenv("HOME");

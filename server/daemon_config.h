@@ -15,6 +15,7 @@ struct DaemonConfig {
   std::string listen;          // gRPC HOST:PORT (port 0 picks one)
   std::string metrics_listen;  // Prometheus /metrics HOST:PORT; empty disables it
   int64_t shutdown_deadline_seconds = 0;
+  std::string log_level;  // debug | info | warning | error
   // storage
   std::string state_dir;  // empty: $XDG_DATA_HOME/slideformer, else ~/.local/share/slideformer
   // security

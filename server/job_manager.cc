@@ -7,6 +7,7 @@
 #include "engine/common/files.h"
 #include "engine/common/utf8.h"
 #include "engine/runtime/training_checkpoint.h"
+#include "server/log.h"
 
 namespace slide {
 namespace {
@@ -124,7 +125,7 @@ void JobManager::Shutdown() {
 void JobManager::Persist(const Job& job) {
   if (options_.store == nullptr) return;
   Status st = options_.store->SaveRecord(job.record);
-  if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+  if (!st.ok()) LogError(st.ToString());
 }
 
 void JobManager::AddEvent(Job& job, JobEventRecord e) {
@@ -134,8 +135,9 @@ void JobManager::AddEvent(Job& job, JobEventRecord e) {
   e.log = Utf8Lossy(e.log);
   if (options_.store != nullptr) {
     Status st = options_.store->AppendEvent(job.record.id, e);
-    if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+    if (!st.ok()) LogError(st.ToString());
   }
+  if (!e.log.empty() && LogEnabled(LogLevel::kDebug)) Log(LogLevel::kDebug, "job " + job.record.id + ": " + e.log);
   job.events.push_back(std::move(e));
   while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
   cv_.notify_all();
@@ -157,6 +159,13 @@ void JobManager::SetState(Job& job, JobState s) {
   e.state = s;
   AddEvent(job, e);
   PublishCounts();
+  // One line per transition for the operator's journal; a failure says why.
+  const std::string what = "job " + job.record.id + " (" + job.record.name + ") " + JobStateName(s);
+  if (s == JobState::kFailed) {
+    LogWarning(what + ": " + job.record.error);
+  } else {
+    LogInfo(what);
+  }
 }
 
 StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {

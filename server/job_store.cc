@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/files.h"
+#include "server/log.h"
 
 namespace slide {
 
@@ -198,7 +199,7 @@ void JobStore::TrimTornLastLine(const std::string& path) {
   if (!text.ok() || text.value().empty() || text.value().back() == '\n') return;
   const size_t keep = text.value().find_last_of('\n');
   if (::truncate(path.c_str(), keep == std::string::npos ? 0 : static_cast<off_t>(keep + 1)) != 0)
-    std::fprintf(stderr, "slided: cannot trim '%s': %s\n", path.c_str(), std::strerror(errno));
+    LogError("cannot trim '" + path + "': " + std::strerror(errno));
 }
 
 int64_t JobStore::HighestJobNumber() const {

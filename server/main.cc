@@ -19,35 +19,38 @@
 #include "server/daemon_config.h"
 #include "server/daemon_metrics.h"
 #include "server/job_store.h"
+#include "server/log.h"
 #include "server/slide_service.h"
 
 namespace {
 
 constexpr char kUsage[] =
     "usage: slided [--config FILE] [--listen HOST:PORT] [--metrics-listen HOST:PORT|off] [--state-dir DIR]\n"
-    "              [--port-file PATH] [--metrics-port-file PATH] [--print-default-config] [--check-config]\n"
+    "              [--port-file PATH] [--metrics-port-file PATH] [--log-level debug|info|warning|error]\n"
+    "              [--print-default-config] [--check-config]\n"
     "  With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on\n"
     "  127.0.0.1:50151, metrics on 127.0.0.1:9464, state under $XDG_DATA_HOME/slideformer or\n"
     "  ~/.local/share/slideformer. Port 0 picks a free port; --port-file / --metrics-port-file receive the\n"
     "  bound ports. The bearer token comes from security.token, security.token_file or SLIDE_TOKEN; it is\n"
     "  required to listen beyond loopback. --check-config validates the configuration (file, flags, token rule,\n"
-    "  addresses) and exits 0 without starting.\n";
+    "  addresses) and exits 0 without starting. Log lines go to stderr with a UTC time and a level\n"
+    "  (server.log_level, default info; debug adds every job's own log lines).\n";
 
 int Fail(const std::string& message) {
-  std::fprintf(stderr, "slided: %s\n", message.c_str());
+  slide::LogError(message);
   return 2;
 }
 
 void WritePortFile(const std::string& path, int port) {
   if (path.empty()) return;
   slide::Status st = slide::WriteFileAtomic(path, std::to_string(port) + "\n");
-  if (!st.ok()) std::fprintf(stderr, "slided: %s\n", st.ToString().c_str());
+  if (!st.ok()) slide::LogError(st.ToString());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path, listen, metrics_listen, state_dir, port_file, metrics_port_file;
+  std::string config_path, listen, metrics_listen, state_dir, port_file, metrics_port_file, log_level;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
       ok = value(&port_file);
     } else if (a == "--metrics-port-file") {
       ok = value(&metrics_port_file);
+    } else if (a == "--log-level") {
+      ok = value(&log_level);
     } else if (a == "--check-config") {
       check_only = true;
     } else if (a == "--print-default-config") {
@@ -88,7 +93,9 @@ int main(int argc, char** argv) {
   if (!listen.empty()) config.listen = listen;
   if (!metrics_listen.empty()) config.metrics_listen = metrics_listen == "off" ? "" : metrics_listen;
   if (!state_dir.empty()) config.state_dir = state_dir;
+  if (!log_level.empty()) config.log_level = log_level;
   if (slide::Status st = slide::FinalizeDaemonConfig(&config); !st.ok()) return Fail(st.message());
+  slide::SetLogLevel(*slide::ParseLogLevel(config.log_level));  // FinalizeDaemonConfig checked the name
   if (check_only) {
     std::printf("slided: configuration OK (listen %s, metrics %s, state %s)\n", config.listen.c_str(),
                 config.metrics_listen.empty() ? "off" : config.metrics_listen.c_str(), config.state_dir.c_str());
@@ -129,10 +136,10 @@ int main(int argc, char** argv) {
   jm.nvme.buffers = static_cast<int>(config.nvme_buffers);
   for (const auto& dir : config.nvme_dirs)  // a daemon killed mid-job leaves its jobs' tier files behind
     if (const int n = slide::RemoveStaleStoreFiles(dir); n > 0)
-      std::fprintf(stderr, "slided: removed %d NVMe tier file(s) an earlier run left in %s\n", n, dir.c_str());
+      slide::LogWarning("removed " + std::to_string(n) + " NVMe tier file(s) an earlier run left in " + dir);
   std::vector<std::string> problems;
   slide::JobManager jobs(jm, &problems);
-  for (const auto& p : problems) std::fprintf(stderr, "slided: skipped unreadable job state: %s\n", p.c_str());
+  for (const auto& p : problems) slide::LogWarning("skipped unreadable job state: " + p);
 
   slide::ServiceOptions so;
   so.token = config.token;
@@ -163,15 +170,15 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(true);
   WritePortFile(port_file, port);
   WritePortFile(metrics_port_file, metrics_port);
-  std::fprintf(stderr, "slided: serving on %s (port %d%s), metrics on %s, state in %s, device %s\n",
-               config.listen.c_str(), port, config.tls_cert_file.empty() ? "" : ", TLS",
-               config.metrics_listen.empty() ? "off" : ("port " + std::to_string(metrics_port)).c_str(),
-               config.state_dir.c_str(), device.description.c_str());
+  slide::LogInfo("serving on " + config.listen + " (port " + std::to_string(port) +
+                 (config.tls_cert_file.empty() ? "" : ", TLS") + "), metrics on " +
+                 (config.metrics_listen.empty() ? "off" : "port " + std::to_string(metrics_port)) + ", state in " +
+                 config.state_dir + ", device " + device.description);
 
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "slided: %s, draining\n", strsignal(sig));
+    slide::LogInfo(std::string(strsignal(sig)) + ", draining");
     const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(config.shutdown_deadline_seconds);
     service.SetDraining();
     server->GetHealthCheckService()->SetServingStatus(false);
@@ -179,13 +186,13 @@ int main(int argc, char** argv) {
     // the job resumes from its previous checkpoint.
     auto drained = std::async(std::launch::async, [&] { jobs.Shutdown(); });
     if (drained.wait_until(deadline) != std::future_status::ready) {
-      std::fprintf(stderr, "slided: the running job did not reach a step boundary before the deadline\n");
+      slide::LogError("the running job did not reach a step boundary before the deadline");
       std::_Exit(1);
     }
     server->Shutdown(deadline);
   });
   server->Wait();
   waiter.join();
-  std::fprintf(stderr, "slided: stopped\n");
+  slide::LogInfo("stopped");
   return 0;
 }

@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -479,6 +481,56 @@ TEST(DaemonState, FiftyWatchersAndAThousandReadsWhileAJobTrains) {
   std::printf("LOAD median step %.4f s quiet (%zu steps), %.4f s under 50 watchers + 1000 reads (%zu steps): %+.1f%%\n",
               median(quiet), quiet.size(), median(loaded), loaded.size(),
               100.0 * (median(loaded) / median(quiet) - 1.0));
+}
+
+// The log: every line carries a UTC time with milliseconds and a level (or continues the line above, indented);
+// a job's transitions are info lines, its own log lines debug lines; --log-level drops what is below it; a bad
+// level refuses to start, naming the field.
+TEST(DaemonState, LogLinesCarryTimeAndLevel) {
+  const std::regex stamped(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO |WARN |ERROR) \S.*)");
+  {
+    DaemonOptions o;
+    o.extra_args = {"--log-level", "debug"};
+    Daemon d(o);
+    const std::string id = Submit(d, DemoJobSpec(d.Path("export"), 2));
+    ASSERT_EQ(WaitFor(
+                  d, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
+                  .state(),
+              v1::SUCCEEDED)
+        << d.Log();
+    const std::string log = d.Log();
+    std::istringstream in(log);
+    int stamped_lines = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("    ", 0) == 0) continue;  // the continuation of a multi-line message
+      EXPECT_TRUE(std::regex_match(line, stamped)) << "unstamped log line: " << line;
+      ++stamped_lines;
+    }
+    EXPECT_GE(stamped_lines, 4) << log;
+    EXPECT_NE(log.find("Z INFO  serving on 127.0.0.1:0 (port "), std::string::npos) << log;
+    EXPECT_NE(log.find("Z INFO  job " + id + " (demo) RUNNING"), std::string::npos) << log;
+    EXPECT_NE(log.find("Z INFO  job " + id + " (demo) SUCCEEDED"), std::string::npos) << log;
+    EXPECT_NE(log.find("Z DEBUG job " + id + ": "), std::string::npos) << log;
+  }
+  {
+    DaemonOptions o;
+    o.extra_args = {"--log-level", "warning"};
+    Daemon d(o);
+    const std::string id = Submit(d, DemoJobSpec(d.Path("export"), 1));
+    WaitFor(
+        d, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120);
+    EXPECT_EQ(d.Log().find(" INFO "), std::string::npos) << d.Log();
+  }
+  {
+    DaemonOptions o;
+    o.extra_args = {"--log-level", "verbose"};
+    o.wait_for_port = false;
+    Daemon d(o);
+    EXPECT_EQ(d.WaitExit(30), 2);
+    EXPECT_NE(d.Log().find("config field 'server.log_level' must be debug, info, warning or error, not 'verbose'"),
+              std::string::npos)
+        << d.Log();
+  }
 }
 
 }  // namespace
