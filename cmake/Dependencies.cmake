@@ -4,7 +4,8 @@
 # --- LibTorch from the PyPI wheel -------------------------------------------------------------------------
 if(NOT Torch_DIR)
   execute_process(
-    COMMAND python3 -c "import torch; print(torch.utils.cmake_prefix_path)"
+    # Located without importing torch (the import needs every CUDA library; a CPU-only box has none).
+    COMMAND python3 -c "import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec('torch').origin), 'share', 'cmake'))"
     OUTPUT_VARIABLE SLIDE_TORCH_PREFIX OUTPUT_STRIP_TRAILING_WHITESPACE
     RESULT_VARIABLE SLIDE_TORCH_RC)
   if(NOT SLIDE_TORCH_RC EQUAL 0)
@@ -35,12 +36,16 @@ if(NOT SLIDE_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-# Caffe2's CUDA module runs a GPU-detection program unless the architectures are given.
-if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(TORCH_CUDA_ARCH_LIST "9.0")
+if(SLIDE_HAVE_CUDA)
+  # Caffe2's CUDA module runs a GPU-detection program unless the architectures are given.
+  if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(TORCH_CUDA_ARCH_LIST "9.0")
+  endif()
+  # TorchConfig warns about optional pieces (kineto, NVTX) it does not find; they are not needed.
+  find_package(Torch REQUIRED CONFIG)
+else()
+  include(cmake/TorchWithoutToolkit.cmake)
 endif()
-# TorchConfig warns about optional pieces (kineto, NVTX) it does not find; they are not needed.
-find_package(Torch REQUIRED CONFIG)
 # Torch's imported targets add flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) through TORCH_CXX_FLAGS.
 separate_arguments(SLIDE_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 # The PyPI libtorch.so / libtorch_cpu.so export their own (static) copy of std::filesystem. Whichever library

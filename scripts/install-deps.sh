@@ -26,7 +26,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-have_torch=$($PY -c "import torch,sys; sys.stdout.write(torch.__version__)" 2>/dev/null || true)
+# Located without importing torch: `import torch` needs every CUDA library, which a CPU-only box does not have.
+TORCH_DIR_PY="import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))"
+have_torch=$($PY -c "import importlib.metadata as m, sys; sys.stdout.write(m.version('torch'))" 2>/dev/null || true)
 if [[ "$have_torch" != ${TORCH_VERSION}* ]]; then
   echo "install-deps: pip install torch==${TORCH_VERSION} (LibTorch only, no CUDA wheels)"
   pip_flags=(-q --disable-pip-version-check --no-cache-dir)
@@ -37,4 +39,16 @@ if [[ "$have_torch" != ${TORCH_VERSION}* ]]; then
     "nvidia-cusparselt-cu13==0.8.0" "nvidia-nvshmem-cu13==3.4.5" "nvidia-cufile==1.15.1.6"
   $PY -m pip install "${pip_flags[@]}" filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec
 fi
-$PY -c "import torch; print('install-deps: torch', torch.__version__, 'at', torch.utils.cmake_prefix_path)"
+# Without a CUDA toolkit (no nvcc) the build is CPU-only (cmake/TorchWithoutToolkit.cmake): libtorch_cpu still
+# loads libcudart and libcupti, which then come from their PyPI wheels (into torch's RPATH, nvidia/cu13/lib).
+if ! nvcc --version >/dev/null 2>&1 && ! /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1; then
+  cu13=$($PY -c "$TORCH_DIR_PY")/../nvidia/cu13/lib
+  if [ ! -e "$cu13/libcudart.so.13" ] || [ ! -e "$cu13/libcupti.so.13" ]; then
+    echo "install-deps: no CUDA toolkit; pip install the CUDA runtime and CUPTI libraries LibTorch's CPU part loads"
+    pip_flags=(-q --disable-pip-version-check --no-cache-dir)
+    $PY -m pip install "${pip_flags[@]}" --help 2>/dev/null | grep -q break-system-packages &&
+      pip_flags+=(--break-system-packages)
+    $PY -m pip install "${pip_flags[@]}" --no-deps "nvidia-cuda-runtime==13.0.96.*" "nvidia-cuda-cupti==13.0.85.*"
+  fi
+fi
+echo "install-deps: torch $($PY -c "import importlib.metadata as m; print(m.version('torch'))") at $($PY -c "$TORCH_DIR_PY")"

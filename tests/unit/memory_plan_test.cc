@@ -66,7 +66,7 @@ TEST(MemoryPlan, RefusesWithNeededAndAvailable) {
   auto r = PlanMemory(Request8B(4));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  const std::string& m = r.status().message();
+  const std::string m = r.status().message();  // a copy: status() returns a temporary
   ExpectContains(m, "of device memory at its smallest");
   ExpectContains(m, "the device budget is 4.00 GiB");
   ExpectContains(m, "layer slots");
