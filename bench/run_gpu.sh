@@ -70,7 +70,8 @@ case "$phase" in
     python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
     # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes)
     specs=(); for shape in ${SHAPES:-llama-1b llama-3b}; do
-      for peer in ours plain fsdp2 deepspeed; do specs+=("$peer $shape ${BATCH:-8}"); done; done
+      for batch in ${BATCH:-8}; do  # BATCH may list several, e.g. "8 32" for batch 8 and the critical batch
+        for peer in ours plain fsdp2 deepspeed; do specs+=("$peer $shape $batch"); done; done; done
     for spec in "${specs[@]}"; do
       set -- $spec
       [ $((SECONDS - start)) -lt 480 ] || { echo "skipped (time): $spec"; continue; }
