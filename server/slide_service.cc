@@ -25,13 +25,47 @@ v1::JobState ToProto(JobState s) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
-void FillJob(const JobRecord& r, const v1::JobSpec* spec, v1::Job* out) {
+// The job's spec as it runs: every field, defaults filled in (the daemon's included), so GetJob and ListJobs
+// show what the engine was given, not only what the request said.
+void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec* p) {
+  p->set_name(name);
+  p->set_model_dir(s.model_dir);
+  p->set_dataset(s.dataset_path);
+  p->set_output_dir(s.output_dir);
+  p->set_steps(s.steps);
+  p->set_epochs(s.epochs);
+  p->set_batch_size(s.batch_size);
+  p->set_micro_batch_size(s.micro_batch_size);
+  p->set_seq_len(s.seq_len);
+  p->set_allow_seq_len_beyond_model(s.allow_seq_len_beyond_model);
+  p->set_lr(s.lr);
+  p->set_lr_schedule(s.lr_schedule);
+  p->set_warmup_steps(s.warmup_steps);
+  p->set_weight_decay(s.weight_decay);
+  p->set_max_grad_norm(s.max_grad_norm);
+  p->set_adam_beta1(s.adam_beta1);
+  p->set_adam_beta2(s.adam_beta2);
+  p->set_adam_eps(s.adam_eps);
+  p->set_seed(s.seed);
+  p->set_dataset_format(s.dataset_format);
+  p->set_chat_template(s.chat_template);
+  p->set_sequence_mode(s.sequence_mode);
+  p->set_bad_lines(s.bad_lines);
+  p->set_eval_fraction(s.eval_fraction);
+  p->set_device(s.device);
+  p->set_compute_dtype(s.compute_dtype);
+  p->set_gpu_budget_bytes(s.gpu_budget_bytes);
+  p->set_window(s.window);
+  p->set_activation_placement(s.activation_placement);
+  p->set_log_every(s.log_every);
+  p->set_checkpoint_every(s.checkpoint_every);
+  p->set_export_dtype(s.export_dtype);
+  p->set_nvme_state(s.nvme_state);
+}
+
+void FillJob(const JobRecord& r, v1::Job* out) {
   out->set_id(r.id);
-  if (spec != nullptr) *out->mutable_spec() = *spec;
-  out->mutable_spec()->set_name(r.name);
-  out->mutable_spec()->set_model_dir(r.spec.model_dir);
-  out->mutable_spec()->set_dataset(r.spec.dataset_path);
-  out->mutable_spec()->set_output_dir(r.spec.output_dir);
+  SpecToProto(r.name, r.spec, out->mutable_spec());
   out->set_state(ToProto(r.state));
   out->set_step(r.step);
   out->set_total_steps(r.total_steps);
@@ -89,6 +123,10 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   if (p.weight_decay() != 0) s.weight_decay = p.weight_decay();
   if (p.has_max_grad_norm()) s.max_grad_norm = p.max_grad_norm();
   s.seed = p.seed();
+  if (p.has_adam_beta1()) s.adam_beta1 = p.adam_beta1();
+  if (p.has_adam_beta2()) s.adam_beta2 = p.adam_beta2();
+  if (p.has_adam_eps()) s.adam_eps = p.adam_eps();
+  if (p.has_log_every()) s.log_every = p.log_every();
   if (!p.dataset_format().empty()) s.dataset_format = p.dataset_format();
   if (!p.chat_template().empty()) s.chat_template = p.chat_template();
   if (!p.sequence_mode().empty()) s.sequence_mode = p.sequence_mode();
@@ -135,7 +173,7 @@ grpc::Status SlideService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJ
   if (!req->spec().has_gpu_budget_bytes()) spec.gpu_budget_bytes = options_.gpu_budget_bytes;
   auto r = jobs_.Submit(req->spec().name(), spec);
   if (!r.ok()) return ToGrpc(r.status());
-  FillJob(r.value(), &req->spec(), resp->mutable_job());
+  FillJob(r.value(), resp->mutable_job());
   return grpc::Status::OK;
 }
 
@@ -143,7 +181,7 @@ grpc::Status SlideService::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequ
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   auto r = jobs_.Get(req->id());
   if (!r.ok()) return ToGrpc(r.status());
-  FillJob(r.value(), nullptr, resp->mutable_job());
+  FillJob(r.value(), resp->mutable_job());
   return grpc::Status::OK;
 }
 
@@ -165,7 +203,7 @@ grpc::Status SlideService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobs
     }
   }
   auto all = jobs_.List(filter);
-  for (size_t i = start; i < all.size() && i < start + page; ++i) FillJob(all[i], nullptr, resp->add_jobs());
+  for (size_t i = start; i < all.size() && i < start + page; ++i) FillJob(all[i], resp->add_jobs());
   if (start + page < all.size()) resp->set_next_page_token(std::to_string(start + page));
   return grpc::Status::OK;
 }
@@ -175,7 +213,7 @@ grpc::Status SlideService::CancelJob(grpc::ServerContext* ctx, const v1::CancelJ
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   auto r = jobs_.Cancel(req->id());
   if (!r.ok()) return ToGrpc(r.status());
-  FillJob(r.value(), nullptr, resp->mutable_job());
+  FillJob(r.value(), resp->mutable_job());
   return grpc::Status::OK;
 }
 

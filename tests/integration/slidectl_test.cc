@@ -13,11 +13,15 @@
 #include <string>
 #include <thread>
 
+#include "tests/integration/daemon_calls.h"
 #include "tests/integration/daemon_process.h"
 
 namespace {
 
+namespace v1 = slide::v1;
 using slide::testing::Daemon;
+using slide::testing::Events;
+using slide::testing::WaitFor;
 
 struct CliResult {
   int code;
@@ -80,6 +84,41 @@ TEST(Slidectl, SubmitFollowListGetCancel) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("slided 0.1.0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" on cpu ("), std::string::npos) << r.out;  // the device (CI has no GPU)
+}
+
+// Every hyperparameter a job file can set reaches the engine and comes back through GetJob, defaults included
+// (the daemon's GPU budget among them); a bad optimizer setting is refused at submission naming the field.
+TEST(Slidectl, TheWholeSpecRoundTripsThroughTheApi) {
+  Daemon d;
+  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  CliResult r = Slidectl(addr + " --json submit " +
+                         WriteJob(d, "adam", 6, "adam_beta1: 0.8\nadam_beta2: 0.99\nadam_eps: 1.0e-6\nlog_every: 3\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string id = nlohmann::json::parse(r.out)["id"];
+  ASSERT_EQ(WaitFor(
+                d, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 120)
+                .state(),
+            v1::SUCCEEDED);
+  r = Slidectl(addr + " --json get " + id);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto spec = nlohmann::json::parse(r.out)["spec"];
+  EXPECT_EQ(spec["adam_beta1"], 0.8) << spec.dump();
+  EXPECT_EQ(spec["adam_beta2"], 0.99) << spec.dump();
+  EXPECT_EQ(spec["adam_eps"], 1e-6) << spec.dump();
+  EXPECT_EQ(spec["log_every"], "3") << spec.dump();                   // int64 is a string in proto JSON
+  EXPECT_EQ(spec["lr_schedule"], "cosine") << spec.dump();            // the engine's default
+  EXPECT_EQ(spec["gpu_budget_bytes"], "25769803776") << spec.dump();  // the daemon's default
+  EXPECT_EQ(spec["checkpoint_every"], "100") << spec.dump();          // the daemon's default
+  EXPECT_EQ(spec["batch_size"], "16") << spec.dump();
+  // log_every 3 over 6 steps: metrics at steps 3 and 6 only.
+  int metrics = 0;
+  for (const v1::JobEvent& e : Events(d, id)) metrics += e.has_metrics() ? 1 : 0;
+  EXPECT_EQ(metrics, 2);
+
+  r = Slidectl(addr + " submit " + WriteJob(d, "bad-beta", 2, "adam_beta1: 1.0\n"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("adam_beta1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("must be in [0, 1)"), std::string::npos) << r.out;
 }
 
 TEST(Slidectl, ExitCodesAndOneLineErrors) {
