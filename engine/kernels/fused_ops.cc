@@ -126,7 +126,7 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
 #endif  // SLIDE_HAVE_CUDA
 
 // b can join a in a fused kernel: same dtype, same device.
-bool SameDtype(const at::Tensor& a, const at::Tensor& b) {
+bool SameDtypeAndDevice(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.device() == b.device();
 }
 
@@ -142,6 +142,17 @@ void CheckRowArguments(const at::Tensor& logits, const at::Tensor& targets,
     TORCH_CHECK(t->dim() == 1 && t->size(0) == logits.size(0) && t->scalar_type() == at::kFloat && t->is_contiguous() &&
                     t->device() == logits.device(),
                 "cross-entropy rows: row state must be contiguous fp32 [rows] on the logits' device");
+}
+
+// The ATen fallback's view of a chunk's targets: each row's column in the chunk (clamped, safe to gather or
+// scatter at) and whether the row's target really lies in the chunk.
+struct ChunkTargets {
+  at::Tensor column;    // [rows, 1] int64
+  at::Tensor in_chunk;  // [rows] bool
+};
+ChunkTargets TargetsInChunk(const at::Tensor& targets, int64_t vocab_offset, int64_t cols, int64_t vocab) {
+  const at::Tensor local = targets - vocab_offset;
+  return {local.clamp(0, cols - 1).unsqueeze(1), targets.ge(0) & targets.lt(vocab) & local.ge(0) & local.lt(cols)};
 }
 
 }  // namespace
@@ -169,7 +180,7 @@ at::Tensor RmsNormUnfused(const at::Tensor& x, const at::Tensor& weight, double 
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 #if SLIDE_HAVE_CUDA
-  if (UseFusedKernels(x) && SameDtype(x, weight) && weight.dim() == 1 && weight.size(0) == x.size(-1))
+  if (UseFusedKernels(x) && SameDtypeAndDevice(x, weight) && weight.dim() == 1 && weight.size(0) == x.size(-1))
     return RmsNormFn::apply(x, weight, eps);
 #endif
   return RmsNormUnfused(x, weight, eps);
@@ -185,7 +196,7 @@ at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
                   sin.sizes() == cos.sizes() && x.size(3) % 2 == 0,
               "rotary: x must be [B, S, heads, D] and the tables [S, D] with D even");
 #if SLIDE_HAVE_CUDA
-  if (UseFusedKernels(x) && SameDtype(x, cos) && SameDtype(x, sin)) return RopeFn::apply(x, cos, sin);
+  if (UseFusedKernels(x) && SameDtypeAndDevice(x, cos) && SameDtypeAndDevice(x, sin)) return RopeFn::apply(x, cos, sin);
 #endif
   return ApplyRotaryUnfused(x, cos, sin);
 }
@@ -194,7 +205,8 @@ at::Tensor SwiGluUnfused(const at::Tensor& gate, const at::Tensor& up) { return 
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
 #if SLIDE_HAVE_CUDA
-  if (UseFusedKernels(gate) && SameDtype(gate, up) && gate.sizes() == up.sizes()) return SwiGluFn::apply(gate, up);
+  if (UseFusedKernels(gate) && SameDtypeAndDevice(gate, up) && gate.sizes() == up.sizes())
+    return SwiGluFn::apply(gate, up);
 #endif
   return SwiGluUnfused(gate, up);
 }
@@ -221,12 +233,11 @@ at::Tensor ConvertDtype(const at::Tensor& x, at::ScalarType dtype) {
 
 void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab,
                             at::Tensor& run_max, at::Tensor& run_sum, at::Tensor& picked) {
-  const int64_t rows = logits.size(0), cols = logits.size(1);
   CheckRowArguments(logits, targets, {&run_max, &run_sum, &picked});
 #if SLIDE_HAVE_CUDA
   if (UseFusedKernels(logits) && logits.is_contiguous()) {
     const c10::cuda::CUDAGuard guard(logits.device());
-    Check(cuda::CrossEntropyStats(KernelDtype(logits), logits.data_ptr(), rows, cols, vocab_offset,
+    Check(cuda::CrossEntropyStats(KernelDtype(logits), logits.data_ptr(), logits.size(0), logits.size(1), vocab_offset,
                                   targets.data_ptr<int64_t>(), vocab, run_max.data_ptr<float>(),
                                   run_sum.data_ptr<float>(), picked.data_ptr<float>(), Stream()),
           "cross-entropy stats");
@@ -234,43 +245,37 @@ void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, cons
   }
 #endif
   const at::Tensor lf = logits.to(at::kFloat);
+  // Rows whose chunk (or running state) is all -inf shift by 0 instead of -inf, which would make NaN of them.
+  auto finite_or_zero = [](const at::Tensor& m) { return at::where(m.isneginf(), at::zeros_like(m), m); };
   const at::Tensor chunk_max = std::get<0>(lf.max(1));
-  // A row whose chunk is all -inf adds nothing (shift by 0 instead of -inf, which would give NaN).
-  const at::Tensor shift = at::where(chunk_max.isneginf(), at::zeros_like(chunk_max), chunk_max);
-  const at::Tensor chunk_sum = (lf - shift.unsqueeze(1)).exp().sum(1);
+  const at::Tensor chunk_shift = finite_or_zero(chunk_max);
+  const at::Tensor chunk_sum = (lf - chunk_shift.unsqueeze(1)).exp().sum(1);  // relative to chunk_shift
   const at::Tensor new_max = at::maximum(run_max, chunk_max);
-  // exp(-inf - m) = 0 folds in an empty running state.
-  run_sum.copy_(run_sum * (run_max - new_max).exp() + chunk_sum * (chunk_max - new_max).exp());
+  const at::Tensor new_shift = finite_or_zero(new_max);
+  run_sum.copy_(run_sum * (run_max - new_shift).exp() + chunk_sum * (chunk_shift - new_shift).exp());
   run_max.copy_(new_max);
-  const at::Tensor local = targets - vocab_offset;
-  const at::Tensor in_chunk = targets.ge(0) & targets.lt(vocab) & local.ge(0) & local.lt(cols);
-  const at::Tensor value = lf.gather(1, local.clamp(0, cols - 1).unsqueeze(1)).squeeze(1);
-  picked.copy_(at::where(in_chunk, value, picked));
-  (void)rows;
+  const ChunkTargets t = TargetsInChunk(targets, vocab_offset, logits.size(1), vocab);
+  picked.copy_(at::where(t.in_chunk, lf.gather(1, t.column).squeeze(1), picked));
 }
 
 void CrossEntropyChunkGrad(at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab,
                            const at::Tensor& lse, double scale) {
-  const int64_t rows = logits.size(0), cols = logits.size(1);
   CheckRowArguments(logits, targets, {&lse});
 #if SLIDE_HAVE_CUDA
   if (UseFusedKernels(logits) && logits.is_contiguous()) {
     const c10::cuda::CUDAGuard guard(logits.device());
-    Check(cuda::CrossEntropyGrad(KernelDtype(logits), logits.data_ptr(), rows, cols, vocab_offset,
+    Check(cuda::CrossEntropyGrad(KernelDtype(logits), logits.data_ptr(), logits.size(0), logits.size(1), vocab_offset,
                                  targets.data_ptr<int64_t>(), vocab, lse.data_ptr<float>(), static_cast<float>(scale),
                                  Stream()),
           "cross-entropy grad");
     return;
   }
 #endif
-  const at::Tensor valid = targets.ge(0) & targets.lt(vocab);
-  const at::Tensor row_scale = valid.to(at::kFloat) * scale;  // [rows]
+  const at::Tensor row_scale = (targets.ge(0) & targets.lt(vocab)).to(at::kFloat) * scale;  // [rows]
   at::Tensor g = (logits.to(at::kFloat) - lse.unsqueeze(1)).exp_().mul_(row_scale.unsqueeze(1));
-  const at::Tensor local = targets - vocab_offset;
-  const at::Tensor in_chunk = valid & local.ge(0) & local.lt(cols);
-  g.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1), (-row_scale * in_chunk.to(at::kFloat)).unsqueeze(1));
+  const ChunkTargets t = TargetsInChunk(targets, vocab_offset, logits.size(1), vocab);
+  g.scatter_add_(1, t.column, (-row_scale * t.in_chunk.to(at::kFloat)).unsqueeze(1));
   logits.copy_(g);
-  (void)rows;
 }
 
 }  // namespace slide

@@ -3,6 +3,8 @@
 // the kernels themselves are checked in fused_kernels_test.cc).
 #include "engine/model/lm_head_loss.h"
 
+#include "engine/kernels/fused_ops.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -114,6 +116,22 @@ TEST(ChunkedLmHeadCe, TargetsOutsideTheVocabularyAreRefusedBeforeTheLoss) {
           << e.what_without_backtrace();
     }
   }
+}
+
+// The row statistics fold chunk by chunk into logsumexp; a chunk whose logits are all -inf (here the first one
+// of row 0, so its running state is still empty) adds nothing instead of turning the row into NaN.
+TEST(ChunkedLmHeadCe, ChunkStatsFoldToLogSumExpWithAllMinusInfChunks) {
+  at::Tensor logits = at::randn({3, 10}) * 4;
+  logits[0].narrow(0, 0, 5).fill_(-INFINITY);
+  logits[2].narrow(0, 5, 5).fill_(-INFINITY);
+  const at::Tensor targets = at::tensor(std::vector<int64_t>{7, -100, 2}, at::kLong);
+  at::Tensor run_max = at::full({3}, -INFINITY), run_sum = at::zeros({3}), picked = at::zeros({3});
+  for (int64_t v0 : {0, 5})
+    CrossEntropyChunkStats(logits.narrow(1, v0, 5).contiguous(), v0, targets, 10, run_max, run_sum, picked);
+  const at::Tensor lse = run_max + run_sum.log();
+  EXPECT_TRUE(at::allclose(lse, at::logsumexp(logits, {1}), 1e-6, 1e-6)) << lse << at::logsumexp(logits, {1});
+  EXPECT_FLOAT_EQ(picked[0].item<float>(), logits[0][7].item<float>());
+  EXPECT_FLOAT_EQ(picked[2].item<float>(), logits[2][2].item<float>());
 }
 
 }  // namespace
