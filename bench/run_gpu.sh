@@ -14,6 +14,8 @@
 #                            ZeRO-3 offload (bench/peers/peer_train.py; DeepSpeed from the wheels in .peer-wheels,
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
+#   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
+#                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -29,15 +31,18 @@ traced() {
   SLIDE_TRACE_OUT="$OUT/trace-$tag.json" run 240 build-gpu/bench/sliding_bench "$@"
   [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
 }
+# build_gpu TARGETS...: configure (Ninja, Release) and build the targets into build-gpu; exits on failure.
+build_gpu() {
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  cmake --build build-gpu -j 16 --target "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+}
 case "$phase" in
   kernels)
     # The fused kernels: their GPU tests, kernel_bench (each kernel against the unfused ops, bandwidth, the head's
     # peak memory), then the engine with and without the kernels (E2E: "shape batch" pairs, default 3B b8 and
     # 8B b32, exact clipping, window 2).
     start=$SECONDS
-    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-    cmake --build build-gpu -j 16 --target kernel_bench sliding_bench model_tests parity_tests engine_tests \
-      > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+    build_gpu kernel_bench sliding_bench model_tests parity_tests engine_tests
     echo "build ok after $((SECONDS - start)) s"
     timeout 120 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' > "$OUT/kernel_tests.log" 2>&1
     timeout 120 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
@@ -51,6 +56,25 @@ case "$phase" in
         [ $((SECONDS - start)) -lt 500 ] || { echo "skipped (time): $spec kernels=$k"; continue; }
         SLIDE_KERNELS=$k run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 2 2 cuda 1.0
         echo "$spec kernels=$k done after $((SECONDS - start)) s"
+      done
+    done ;;
+  resident)
+    start=$SECONDS
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; cat /sys/kernel/mm/transparent_hugepage/enabled; } \
+      > "$OUT/hardware.txt" 2>&1
+    build_gpu sliding_bench model_tests parity_tests engine_tests optim_tests
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 100 build-gpu/tests/optim_tests --gtest_filter='TensorAdamW*' > "$OUT/gpu_tests.log" 2>&1
+    timeout 100 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' >> "$OUT/gpu_tests.log" 2>&1
+    timeout 100 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/gpu_tests.log" 2>&1
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' >> "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -40
+    echo "tests done after $((SECONDS - start)) s"
+    for spec in ${RESIDENT_SPECS:-"llama-3b:8" "llama-8b:8" "llama-3b:16" "llama-8b:32"}; do
+      for r in auto 0; do
+        [ $((SECONDS - start)) -lt 470 ] || { echo "skipped (time): $spec resident=$r"; continue; }
+        SLIDE_RESIDENT=$r run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 3 2 cuda 1.0
+        echo "$spec resident=$r done after $((SECONDS - start)) s"
       done
     done ;;
   peers)

@@ -7,6 +7,8 @@
 // SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
 // SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
 // NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it).
+// SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
+// 0 on the CPU) on the device with their optimizer state, updated there.
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -89,6 +91,20 @@ int main(int argc, char** argv) {
   plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
   plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
+  const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
+  const char* resident_env = std::getenv("SLIDE_RESIDENT");
+  const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
+                                    : device.is_cuda()                               ? "auto"
+                                                                                     : "0";
+  if (resident_mode == "auto") {
+    PlanRequest r = plan_request;
+    r.device_budget_bytes = gpu_budget;
+    r.resident_layers = -1;
+    auto fitted = PlanMemory(r);
+    plan_request.resident_layers = fitted.ok() ? fitted->resident_layers : 0;
+  } else {
+    plan_request.resident_layers = std::atoll(resident_mode.c_str());
+  }
   const MemoryPlan plan = PlanMemory(plan_request).value();
   std::fprintf(stderr, "%s", plan.ToString().c_str());
   ModelParams init = bench::RandomLlamaParams(cfg);
@@ -100,13 +116,13 @@ int main(int argc, char** argv) {
   o.compute_dtype = c10::kBFloat16;
   o.device = device;
   o.loss.chunk_tokens = 4096;
-  const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
   SlidingOptions so{.train = o,
                     .window = window,
                     .checkpoints_on_host = false,
                     .device_budget_bytes = gpu_budget,
                     .trace = trace_out != nullptr};
   so.nvme = nvme;
+  so.resident_layers = plan.resident_layers;
   SlidingTrainer trainer(cfg, std::move(init), so);
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
   // The tier's traffic from here on: steps + 1 update passes (the warm-up's included), all drained at the end.
@@ -163,7 +179,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"max_grad_norm\": %.2f, \"steps\": %d, \"device\": \"%s\", "
+      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"resident_layers\": %lld, \"max_grad_norm\": %.2f, "
+      "\"steps\": %d, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
       "\"planned_gpu_bytes\": %lld, "
@@ -181,12 +198,12 @@ int main(int argc, char** argv) {
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)window, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
-      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
-      double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update,
-      sum.wait_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), sum.nvme, nvme_read,
-      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      (long long)batch, (long long)seq, (long long)window, (long long)plan.resident_layers, max_grad_norm, steps,
+      dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total,
+      (long long)plan.host_total, double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d,
+      sum.d2h, sum.cpu_update, sum.wait_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
+      sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
+      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

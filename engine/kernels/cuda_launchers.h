@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "engine/optim/adamw_scalars.h"
+
 namespace slide::cuda {
 
 enum class DType { kFloat, kBFloat16 };
@@ -49,5 +51,10 @@ cudaError_t CrossEntropyGrad(DType t, void* logits, int64_t rows, int64_t cols, 
 // fp32 <-> bf16 (round to nearest even), n elements.
 cudaError_t FloatToBFloat16(const float* in, void* out, int64_t n, cudaStream_t stream);
 cudaError_t BFloat16ToFloat(const void* in, float* out, int64_t n, cudaStream_t stream);
+
+// Fused AdamW over n elements in place: fp32 param, exp_avg, exp_avg_sq; the gradient in `grad_dtype`; the updated
+// weight rounded to bf16 into `out_bf16` unless null. Bit-equal to the CPU body (cpu_adamw.cc).
+cudaError_t AdamW(float* param, float* exp_avg, float* exp_avg_sq, DType grad_dtype, const void* grad, void* out_bf16,
+                  int64_t n, const AdamWScalars& scalars, cudaStream_t stream);
 
 }  // namespace slide::cuda

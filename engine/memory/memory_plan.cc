@@ -12,8 +12,15 @@ struct Shape {
   int64_t layers, max_layer, embed, head, tokens, hidden;
 };
 
-// Device bytes for a given window and checkpoint placement.
-MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool ckpt_on_host) {
+// Device bytes per parameter of a resident layer: its weights, fp32 master and moments, the gradient held until
+// the update, and the fp32 sum over micro-batches when they accumulate.
+int64_t ResidentBytesPerParam(const PlanRequest& r) {
+  const int64_t e = c10::elementSize(r.compute_dtype);
+  return e + 12 + e + (r.grad_accum > 1 ? 4 : 0);
+}
+
+// Device bytes for a given window, checkpoint placement and resident layer count.
+MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool ckpt_on_host, int64_t resident) {
   const int64_t e = c10::elementSize(r.compute_dtype);
   const ModelConfig& m = r.model;
   MemoryPlan p;
@@ -23,6 +30,8 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.edge_bytes = (s.embed + s.head) * e;
   p.checkpoint_bytes = ckpt_on_host ? 0 : s.layers * s.tokens * s.hidden * e;
   p.reserved_bytes = r.device_reserved_bytes;
+  p.resident_layers = resident;
+  p.resident_bytes = resident * s.max_layer * ResidentBytesPerParam(r);
 
   // Head phase: one chunk of logits (compute dtype, fp32, and the fp32->compute gradient copy), the fp32 and
   // compute-dtype LM-head gradient, the normed hidden states in fp32 and their gradient.
@@ -37,7 +46,8 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   // Embedding phase: its gradient.
   const int64_t embed_phase = s.embed * e + s.tokens * s.hidden * e;
   p.peak_work_bytes = std::max({head_phase, layer_phase, embed_phase});
-  p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes;
+  p.device_total =
+      p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes + p.resident_bytes;
   return p;
 }
 
@@ -61,16 +71,27 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   if (r.window < 0 || r.window > s.layers)
     return InvalidArgument("window must be between 1 and the layer count (" + std::to_string(s.layers) + ")");
 
+  if (r.resident_layers < -1 || r.resident_layers > s.layers)
+    return InvalidArgument("resident layers must be -1 (as many as fit) or between 0 and the layer count (" +
+                           std::to_string(s.layers) + ")");
+  if (r.resident_layers > 0 && r.moments_on_nvme)
+    return InvalidArgument("resident layers keep their optimizer state on the device: not with the NVMe tier");
+  const bool auto_resident = r.resident_layers == -1 && !r.moments_on_nvme;
+  const int64_t fixed_resident = std::max<int64_t>(r.resident_layers, 0);
+
   // Prefer: the whole model resident, then the most slots that fit, checkpoints on the device before the host.
+  // With automatic residency the window stays at 2 slots (fewer if they do not fit): the memory left is better
+  // spent on resident layers, which save the CPU update as well as the loads.
+  const int64_t widest = r.window > 0 ? r.window : auto_resident ? std::min<int64_t>(2, s.layers) : s.layers;
   std::vector<bool> placements;
   if (r.checkpoints != CheckpointPlacement::kHost) placements.push_back(false);
   if (r.checkpoints != CheckpointPlacement::kDevice) placements.push_back(true);
   MemoryPlan best;
   bool found = false;
-  MemoryPlan smallest = DeviceSide(r, s, r.window > 0 ? r.window : 1, placements.back());
+  MemoryPlan smallest = DeviceSide(r, s, r.window > 0 ? r.window : 1, placements.back(), fixed_resident);
   for (bool on_host : placements) {
-    for (int64_t w = r.window > 0 ? r.window : s.layers; w >= (r.window > 0 ? r.window : 1); --w) {
-      MemoryPlan p = DeviceSide(r, s, w, on_host);
+    for (int64_t w = widest; w >= (r.window > 0 ? r.window : 1); --w) {
+      MemoryPlan p = DeviceSide(r, s, w, on_host, fixed_resident);
       if (p.device_total <= r.device_budget_bytes) {
         best = p;
         found = true;
@@ -86,8 +107,16 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
         "), but the device budget is " + FormatBytes(r.device_budget_bytes) + ":\n" + smallest.ToString());
   }
 
-  // Host side.
-  const int64_t n = layout.TotalNumel();
+  if (auto_resident) {
+    const int64_t per_layer = s.max_layer * ResidentBytesPerParam(r);
+    const int64_t fit = per_layer > 0 ? (r.device_budget_bytes - best.device_total) / per_layer : 0;
+    best = DeviceSide(r, s, best.window, best.checkpoints_on_host, std::clamp<int64_t>(fit, 0, s.layers));
+  }
+
+  // Host side: every unit not resident on the device.
+  int64_t resident_numel = 0;
+  for (int64_t i = 0; i < best.resident_layers; ++i) resident_numel += layout.layer(i).numel;
+  const int64_t n = layout.TotalNumel() - resident_numel;
   const int64_t e = c10::elementSize(r.compute_dtype);
   best.master_bytes = r.master_on_nvme ? 0 : 4 * n;
   best.moments_bytes = r.moments_on_nvme ? 0 : 8 * n;
@@ -118,6 +147,7 @@ std::string MemoryPlan::ToString() const {
   row("layer slots", slot_bytes);
   row("embedding + head", edge_bytes);
   row("layer inputs", checkpoint_bytes);
+  if (resident_layers > 0) row(("resident layers (" + std::to_string(resident_layers) + ")").c_str(), resident_bytes);
   row("largest transient phase", peak_work_bytes);
   row("reserved (context, workspaces)", reserved_bytes);
   row("total", device_total);

@@ -31,6 +31,11 @@ struct PlanRequest {
   bool moments_on_nvme = false;
   bool master_on_nvme = false;
   int64_t nvme_ring_bytes = 0;
+  // Layers [0, k) kept on the device with their whole optimizer state (weights, fp32 master, both moments, the
+  // gradient held until the update) and updated there: no load, no gradient copy, no CPU update for them.
+  // 0: none; -1: as many as the budget holds after the window (the window then defaults to 2 slots, which
+  // residency uses better than more slots would); not with the NVMe tier.
+  int64_t resident_layers = 0;
 };
 
 struct MemoryPlan {
@@ -40,7 +45,9 @@ struct MemoryPlan {
   int64_t slot_bytes = 0;        // all layer slots
   int64_t edge_bytes = 0;        // embedding + head weights
   int64_t checkpoint_bytes = 0;  // layer inputs kept on the device
-  int64_t peak_work_bytes = 0;   // the largest transient phase (head loss or a layer's recompute + backward)
+  int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
+  int64_t resident_bytes = 0;
+  int64_t peak_work_bytes = 0;  // the largest transient phase (head loss or a layer's recompute + backward)
   int64_t reserved_bytes = 0;
   int64_t device_total = 0;
   // Host bytes.

@@ -15,31 +15,6 @@
 namespace slide {
 namespace {
 
-// Per-step constants, computed once in double and rounded to float like torch's scalar arguments.
-struct Constants {
-  float decay;         // 1 - lr * weight_decay
-  float one_minus_b1;  // lerp weight
-  float b2, one_minus_b2;
-  float step_size;  // lr / (1 - beta1^t)
-  float bc2_sqrt;   // sqrt(1 - beta2^t)
-  float eps;
-  float grad_scale;
-};
-
-Constants MakeConstants(const AdamWStepArgs& a) {
-  const double t = static_cast<double>(a.step);
-  Constants c;
-  c.decay = static_cast<float>(1.0 - a.hp.lr * a.hp.weight_decay);
-  c.one_minus_b1 = static_cast<float>(1.0 - a.hp.beta1);
-  c.b2 = static_cast<float>(a.hp.beta2);
-  c.one_minus_b2 = static_cast<float>(1.0 - a.hp.beta2);
-  c.step_size = static_cast<float>(a.hp.lr / (1.0 - std::pow(a.hp.beta1, t)));
-  c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(a.hp.beta2, t)));
-  c.eps = static_cast<float>(a.hp.eps);
-  c.grad_scale = a.grad_scale;
-  return c;
-}
-
 inline float Bf16ToFloat(c10::BFloat16 x) {
   uint32_t bits = static_cast<uint32_t>(x.x) << 16;
   float f;
@@ -57,7 +32,7 @@ inline uint16_t FloatToBf16Bits(float f) {
 }
 
 // The scalar path; also the tail of the SIMD paths. Operation order mirrors torch's single-tensor AdamW.
-void ScalarRange(const AdamWSpan& s, const Constants& c, int64_t begin, int64_t end) {
+void ScalarRange(const AdamWSpan& s, const AdamWScalars& c, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float g = (s.grad_bf16 ? Bf16ToFloat(s.grad_bf16[i]) : s.grad_f32[i]) * c.grad_scale;
     float p = s.param[i] * c.decay;
@@ -92,7 +67,8 @@ __attribute__((target("avx2,fma"))) inline __m128i ToBf16x8(__m256 p) {
   return _mm_packus_epi32(lo, hi);
 }
 
-__attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const Constants& c, int64_t begin, int64_t end) {
+__attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const AdamWScalars& c, int64_t begin,
+                                                   int64_t end) {
   const __m256 decay = _mm256_set1_ps(c.decay), w1 = _mm256_set1_ps(c.one_minus_b1), b2 = _mm256_set1_ps(c.b2),
                w2 = _mm256_set1_ps(c.one_minus_b2), step = _mm256_set1_ps(c.step_size),
                bc2 = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps), gs = _mm256_set1_ps(c.grad_scale);
@@ -131,7 +107,7 @@ __attribute__((target("avx512f,avx512bw"))) inline __m256i ToBf16x16(__m512 p) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
-__attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s, const Constants& c, int64_t begin,
+__attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s, const AdamWScalars& c, int64_t begin,
                                                              int64_t end) {
   const __m512 decay = _mm512_set1_ps(c.decay), w1 = _mm512_set1_ps(c.one_minus_b1), b2 = _mm512_set1_ps(c.b2),
                w2 = _mm512_set1_ps(c.one_minus_b2), step = _mm512_set1_ps(c.step_size),
@@ -158,6 +134,20 @@ constexpr int64_t kTileElems = 1 << 16;  // 256 KiB of fp32 per stream per tile:
                                          // scheduling, small enough to balance threads
 
 }  // namespace
+
+AdamWScalars MakeAdamWScalars(const AdamWStepArgs& a) {
+  const double t = static_cast<double>(a.step);
+  AdamWScalars c;
+  c.decay = static_cast<float>(1.0 - a.hp.lr * a.hp.weight_decay);
+  c.one_minus_b1 = static_cast<float>(1.0 - a.hp.beta1);
+  c.b2 = static_cast<float>(a.hp.beta2);
+  c.one_minus_b2 = static_cast<float>(1.0 - a.hp.beta2);
+  c.step_size = static_cast<float>(a.hp.lr / (1.0 - std::pow(a.hp.beta1, t)));
+  c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(a.hp.beta2, t)));
+  c.eps = static_cast<float>(a.hp.eps);
+  c.grad_scale = a.grad_scale;
+  return c;
+}
 
 const char* SimdLevelName(SimdLevel level) {
   switch (level) {
@@ -186,7 +176,7 @@ SimdLevel DetectSimdLevel() {
 
 void CpuAdamW(const AdamWSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads) {
   TORCH_CHECK((span.grad_bf16 == nullptr) != (span.grad_f32 == nullptr), "CpuAdamW: give exactly one gradient");
-  const Constants c = MakeConstants(args);
+  const AdamWScalars c = MakeAdamWScalars(args);
   auto range = level == SimdLevel::kAvx512 ? Avx512Range : level == SimdLevel::kAvx2 ? Avx2Range : ScalarRange;
   const int64_t tiles = (span.n + kTileElems - 1) / kTileElems;
   auto run_tile = [&](int64_t t) { range(span, c, t * kTileElems, std::min(span.n, (t + 1) * kTileElems)); };

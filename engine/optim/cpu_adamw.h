@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "engine/optim/adamw_reference.h"
+#include "engine/optim/adamw_scalars.h"
 
 namespace slide {
 
@@ -31,6 +32,9 @@ struct AdamWStepArgs {
   int64_t step = 1;         // 1-based, including this update
   float grad_scale = 1.0f;  // multiplies the gradient first (clipping coefficient)
 };
+
+// The scalars of one update (the CUDA kernel takes the same).
+AdamWScalars MakeAdamWScalars(const AdamWStepArgs& args);
 
 // Updates one span: on the calling thread when `threads` == 1, else across ThreadPool::Default().
 void CpuAdamW(const AdamWSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads = 0);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "engine/optim/tensor_adamw.h"
 #include "engine/runtime/device_info.h"
 
 namespace slide {
@@ -87,6 +88,7 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
   options.window = plan.window;
   options.checkpoints_on_host = plan.checkpoints_on_host;
   options.device_budget_bytes = request.device_budget_bytes;
+  options.resident_layers = plan.resident_layers;
   SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, options));
   auto trainer =
       std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options), std::move(tier));
@@ -110,14 +112,34 @@ void SlidingTrainer::Init() {
     TORCH_CHECK(tier.ok(), tier.status().ToString());
     tier_ = std::move(tier).value();
   }
+  TORCH_CHECK(opts_.resident_layers >= 0 && opts_.resident_layers <= layout_.num_layers(),
+              "resident layers must be between 0 and the layer count");
+  TORCH_CHECK(!tier_ || opts_.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
   const bool master_on_disk = tier_ && tier_->holds_master();
-  if (!tier_) {
-    exp_avg_ = ZeroParams(layout_, host_f32);
-    exp_avg_sq_ = ZeroParams(layout_, host_f32);
-  }
   const size_t n_units = layout_.units.size();
+  if (!tier_) {
+    exp_avg_.layout = exp_avg_sq_.layout = layout_;
+    for (size_t u = 0; u < n_units; ++u) {
+      const bool host = !Resident(u);
+      exp_avg_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
+      exp_avg_sq_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
+    }
+  }
   unit_sqnorm_.assign(n_units, 0.0);
+  for (auto* v :
+       {&dev_weights_, &dev_master_, &dev_exp_avg_, &dev_exp_avg_sq_, &dev_grad_, &dev_grad_accum_, &dev_norm_})
+    v->resize(n_units);
   for (size_t u = 0; u < n_units; ++u) {
+    if (Resident(u)) {  // the state moves to the device; the host keeps nothing of this unit
+      const auto dev_f32 = at::TensorOptions().dtype(at::kFloat).device(opts_.train.device);
+      dev_master_[u] = master_.units[u].to(dev_f32);
+      dev_exp_avg_[u] = at::zeros({layout_.units[u].numel}, dev_f32);
+      dev_exp_avg_sq_[u] = at::zeros({layout_.units[u].numel}, dev_f32);
+      dev_weights_[u] = dtype == c10::kFloat ? dev_master_[u] : dev_master_[u].to(dtype);  // RNE, as AdamW writes
+      master_.units[u] = at::Tensor();
+      staging_.emplace_back();
+      continue;
+    }
     if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
     } else {
@@ -145,6 +167,7 @@ SlidingTrainer::~SlidingTrainer() { worker_->WaitAll(); }
 
 // Slots 0..window-1 hold layers (layer i in slot i % window); slot `window` the embedding, window+1 the head.
 at::Tensor SlidingTrainer::SlotView(int64_t layer) {
+  if (Resident(1 + layer)) return dev_weights_[1 + layer];
   return slots_[layer % opts_.window].narrow(0, 0, layout_.layer(layer).numel);
 }
 
@@ -166,6 +189,7 @@ void SlidingTrainer::Prefetch(int64_t layer) {
 }
 
 void SlidingTrainer::EnsureLoaded(int64_t layer) {
+  if (Resident(1 + layer)) return;  // always there, updated in place
   const int64_t w = layer % opts_.window;
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
   WaitForUnit(1 + layer, "load");
@@ -212,12 +236,33 @@ at::Tensor SlidingTrainer::LandingBuffer(size_t unit) {
   const bool in_staging = accum_ == 1 && !staging_[unit].is_same(master_.units[unit]);
   if (in_staging) return staging_[unit];
   if (grad_host_.empty()) {
-    for (const auto& u : layout_.units) grad_host_.push_back(queue_->AllocateHost(u.numel, opts_.train.compute_dtype));
+    for (size_t u = 0; u < layout_.units.size(); ++u)
+      grad_host_.push_back(Resident(u) ? at::Tensor()
+                                       : queue_->AllocateHost(layout_.units[u].numel, opts_.train.compute_dtype));
   }
   return grad_host_[unit];
 }
 
+// A resident unit's gradient stays where it was computed: held for the update (or summed in fp32 across
+// micro-batches). The norm uses the same operations as a returned gradient's, so the global norm is unchanged.
+void SlidingTrainer::LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last) {
+  if (accum_ == 1) {
+    if (last) device_sqnorm_.push_back(at::linalg_vector_norm(device_grad, 2, {}, false, at::kFloat).square());
+    dev_grad_[unit] = device_grad;
+    return;
+  }
+  if (!dev_grad_accum_[unit].defined())
+    dev_grad_accum_[unit] = at::empty({layout_.units[unit].numel}, device_grad.options().dtype(at::kFloat));
+  if (first) {
+    dev_grad_accum_[unit].copy_(device_grad);
+  } else {
+    dev_grad_accum_[unit].add_(device_grad);
+  }
+  if (last) dev_norm_[unit] = at::linalg_vector_norm(dev_grad_accum_[unit], 2, {}, false, at::kFloat);
+}
+
 void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last) {
+  if (Resident(unit)) return LandResidentGrad(unit, device_grad, first, last);
   const bool accumulate = accum_ > 1;
   if (last && !accumulate)
     device_sqnorm_.push_back(at::linalg_vector_norm(device_grad, 2, {}, false, at::kFloat).square());
@@ -272,7 +317,33 @@ void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* m
   if (copy_f32) std::memcpy(staging_[unit].data_ptr<float>() + begin, master, n * sizeof(float));
 }
 
+// On the compute stream, after the backward that produced the gradient and before the next forward that reads
+// the weights; each parameter with its own decay, as UpdateRange does.
+void SlidingTrainer::UpdateResident(size_t unit, const AdamWStepArgs& args) {
+  const at::Tensor grad = accum_ > 1 ? dev_grad_accum_[unit] : dev_grad_[unit];
+  TORCH_CHECK(grad.defined(), "unit ", unit, " has no gradient to update with");
+  const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;  // fp32: the weights are the master
+  queue_->BeginCompute();
+  for (const auto& spec : layout_.units[unit].params) {
+    AdamWStepArgs a = args;
+    if (!spec.weight_decay) a.hp.weight_decay = 0;
+    auto part = [&](const at::Tensor& t) { return t.narrow(0, spec.offset, spec.numel); };
+    TensorAdamW(part(dev_master_[unit]), part(dev_exp_avg_[unit]), part(dev_exp_avg_sq_[unit]), part(grad),
+                write_bf16 ? part(dev_weights_[unit]) : at::Tensor(), a, simd_);
+  }
+  queue_->EndCompute();
+  dev_grad_[unit] = at::Tensor();  // back to the allocator for the next backward
+}
+
 void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_t step) {
+  if (Resident(unit)) {
+    AdamWStepArgs args;
+    args.hp = opts_.train.adamw;
+    args.hp.lr = lr;
+    args.step = step;
+    args.grad_scale = grad_scale;
+    return UpdateResident(unit, args);
+  }
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
   if (tier_) tier_->Schedule(unit);  // its state starts coming in now, in the order the worker runs updates
   worker_->Post(unit, [this, unit, lr, grad_scale, step, grad] {
@@ -336,11 +407,12 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
     if (parked != nullptr) (*parked)[i] = Park(x, i);
     EnsureLoaded(i);
     const int w = static_cast<int>(i % W);
-    queue_->UseSlot(w);
+    const bool in_slot = !Resident(1 + i);
+    if (in_slot) queue_->UseSlot(w);
     queue_->BeginCompute();
     x = DecoderLayerForward(cfg_, layout_.layer(i), SlotView(i), x, rope);
     queue_->EndCompute();
-    queue_->ReleaseSlot(w);
+    if (in_slot) queue_->ReleaseSlot(w);
     // Layers whose update is done load ahead into the free slots; the next layer's compute waits only for its
     // own update and upload (EnsureLoaded at the top of its iteration), never for a later layer's update.
     for (int64_t j = i + 1; j <= std::min(i + W, L - 1); ++j) Prefetch(j);
@@ -380,7 +452,8 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
                 mb.input_ids.numel(), " tokens exceeds the ", planned_tokens_, " the memory plan was made for");
   accum_ = static_cast<int64_t>(micro_batches.size());
   if (accum_ > 1 && grad_accum_.empty())
-    for (const auto& u : layout_.units) grad_accum_.push_back(at::empty({u.numel}, at::kFloat));
+    for (size_t u = 0; u < layout_.units.size(); ++u)
+      grad_accum_.push_back(Resident(u) ? at::Tensor() : at::empty({layout_.units[u].numel}, at::kFloat));
 
   StepStats stats;
   for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
@@ -425,15 +498,16 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     for (int64_t i = L - 1; i >= 0; --i) {
       EnsureLoaded(i);
       const int w = static_cast<int>(i % W);
+      const bool in_slot = !Resident(1 + i);
       at::Tensor weights = SlotView(i).detach().requires_grad_(true);
       at::Tensor xi = Unpark(parked[i]).detach().requires_grad_(true);
-      queue_->UseSlot(w);
+      if (in_slot) queue_->UseSlot(w);
       queue_->BeginCompute();
       at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
       y.backward(dx);
       dx = xi.grad();
       queue_->EndCompute();
-      queue_->ReleaseSlot(w);
+      if (in_slot) queue_->ReleaseSlot(w);
       parked[i] = at::Tensor();
       if (i - W >= 0) EnsureLoaded(i - W);
       LandGrad(1 + i, weights.grad(), first, last);
@@ -456,6 +530,11 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   if (accum_ > 1) {
     ScopedTimer t(busy_.wait_update);
     worker_->WaitAll();
+    for (size_t u = 0; u < unit_sqnorm_.size(); ++u) {
+      if (!Resident(u)) continue;
+      const double norm = dev_norm_[u].item<double>();
+      unit_sqnorm_[u] = norm * norm;
+    }
     for (double s : unit_sqnorm_) sq += s;
   } else {
     sq = at::stack(device_sqnorm_).sum().item<double>();
@@ -490,11 +569,12 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
 ModelParams SlidingTrainer::Master() {
   Status st = SyncUpdates();
   TORCH_CHECK(st.ok(), st.ToString());
-  if (!tier_ || !tier_->holds_master()) return master_.To(at::TensorOptions().dtype(at::kFloat));
-  ModelParams out = ZeroParams(layout_, at::TensorOptions().dtype(at::kFloat));
-  for (size_t u = 0; u < out.units.size(); ++u) {
-    st = tier_->ReadArray(u, kMasterArray, out.units[u].data_ptr<float>());
-    TORCH_CHECK(st.ok(), st.ToString());
+  ModelParams out;
+  out.layout = layout_;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    auto state = ReadState(0, u);
+    TORCH_CHECK(state.ok(), state.status().ToString());
+    out.units.push_back(state->to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true));
   }
   return out;
 }
@@ -509,6 +589,7 @@ at::Tensor* SlidingTrainer::HostState(int kind, size_t unit, StateArray* array) 
 
 StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
   if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  if (Resident(unit)) return (kind == 0 ? dev_master_ : kind == 1 ? dev_exp_avg_ : dev_exp_avg_sq_)[unit].cpu();
   StateArray array;
   if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
   at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
@@ -518,6 +599,10 @@ StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
 
 Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) {
   if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  if (Resident(unit)) {
+    (kind == 0 ? dev_master_ : kind == 1 ? dev_exp_avg_ : dev_exp_avg_sq_)[unit].copy_(src);
+    return Status::Ok();
+  }
   StateArray array;
   if (at::Tensor* host = HostState(kind, unit, &array)) {
     host->copy_(src);
@@ -531,9 +616,11 @@ Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) 
 
 void SlidingTrainer::StateRestored(int64_t steps_done) {
   worker_->WaitAll();
-  for (size_t u = 0; u < layout_.units.size(); ++u)
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    if (Resident(u) && !dev_weights_[u].is_same(dev_master_[u])) dev_weights_[u].copy_(dev_master_[u]);
     if (master_.units[u].defined() && !staging_[u].is_same(master_.units[u]))
       staging_[u].copy_(master_.units[u]);  // RNE, as AdamW writes it
+  }
   step_ = steps_done;
   ++weights_version_;  // every slot and edge unit reloads
 }

@@ -7,6 +7,8 @@
 //             backpropagate, return the flat gradient to the host;
 //   transfers H2D loads, D2H gradient returns and compute run on their own CUDA streams (DeviceQueue), so
 //             layer i+1 loads while layer i computes and gradients stream out during the backward;
+//   resident  with room in the budget, the first layers stay on the device with their optimizer state and are
+//             updated there by the AdamW kernel (no load, no gradient copy, no CPU update);
 //   update    CPU AdamW per unit on the UpdateWorker thread, as gradients land (no clipping) or, with exact
 //             global-norm clipping, once every unit's norm is in; the next step's forward waits per unit, so
 //             updates overlap the next forward and are never stale. With the NVMe tier the moments (and
@@ -39,6 +41,10 @@ struct SlidingOptions {
   int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
   bool trace = false;                // keep each step's timeline (last_trace)
   StateTierOptions nvme{};           // mode none: all optimizer state in host memory
+  // Layers [0, resident_layers) stay on the device with their fp32 master, moments and gradient, and are
+  // updated there by the AdamW kernel (bit-equal to the CPU update): they never load, never return a gradient
+  // and cost the CPU update nothing. Not with the NVMe tier. The planner chooses it (PlanRequest).
+  int64_t resident_layers = 0;
 };
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
@@ -124,6 +130,9 @@ class SlidingTrainer {
   void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
                    const at::Tensor& grad, const AdamWStepArgs& args);
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
+  bool Resident(size_t unit) const { return unit >= 1 && unit <= static_cast<size_t>(opts_.resident_layers); }
+  void LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
+  void UpdateResident(size_t unit, const AdamWStepArgs& args);
   void CheckUpdates();  // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
   at::Tensor Park(const at::Tensor& x, int64_t index);
@@ -148,7 +157,10 @@ class SlidingTrainer {
   std::vector<double> unit_sqnorm_;        // squared L2 norms computed on the host (accumulation only)
   std::vector<at::Tensor> device_sqnorm_;  // squared L2 norms computed on the device (no accumulation)
 
-  // Device state.
+  // Device state. Resident units (layers [0, resident_layers)): their weights, fp32 master and moments, the
+  // gradient held until the update, its fp32 sum and norm under accumulation; undefined for the others.
+  std::vector<at::Tensor> dev_weights_, dev_master_, dev_exp_avg_, dev_exp_avg_sq_, dev_grad_, dev_grad_accum_,
+      dev_norm_;
   std::vector<at::Tensor> slots_;      // [window] flat buffers sized for the largest layer
   std::vector<int64_t> slot_layer_;    // layer held by each slot (-1: none)
   std::vector<int64_t> slot_version_;  // weights version it was loaded at

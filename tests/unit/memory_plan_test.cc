@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/model/param_layout.h"
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
@@ -84,6 +85,59 @@ TEST(MemoryPlan, AccumulationNeedsFp32GradientBuffers) {
   r.grad_accum = 4;
   MemoryPlan p = testing::ValueOrDie(PlanMemory(r));
   EXPECT_EQ(p.grad_bytes, 6 * (p.master_bytes / 4));
+}
+
+// Automatic residency: the window stays at 2 slots and the rest of the budget holds whole layers with their
+// optimizer state (16 bytes per parameter in bf16: weights, master, two moments, held gradient), which leave
+// the host's accounting.
+TEST(MemoryPlan, ResidentLayersFillTheBudgetLeftByTheWindow) {
+  PlanRequest none = Request8B(48);
+  none.window = 2;
+  const MemoryPlan base = testing::ValueOrDie(PlanMemory(none));
+  PlanRequest r = Request8B(48);
+  r.resident_layers = -1;
+  const MemoryPlan p = testing::ValueOrDie(PlanMemory(r));
+  const int64_t layer = BuildModelLayout(Llama8B()).layer(0).numel;
+  EXPECT_EQ(p.window, 2);
+  EXPECT_EQ(p.resident_layers, (r.device_budget_bytes - base.device_total) / (16 * layer));
+  EXPECT_GT(p.resident_layers, 0);
+  EXPECT_LT(p.resident_layers, 32);
+  EXPECT_EQ(p.resident_bytes, p.resident_layers * 16 * layer);
+  EXPECT_LE(p.device_total, r.device_budget_bytes);
+  EXPECT_GT(p.device_total + 16 * layer, r.device_budget_bytes);              // one more would not fit
+  EXPECT_EQ(base.host_total - p.host_total, p.resident_layers * 14 * layer);  // master, moments, staging
+  ExpectContains(p.ToString(), "resident layers (" + std::to_string(p.resident_layers) + ")");
+
+  // Nothing left: none resident. With the NVMe tier: none (the tier holds every unit's state).
+  PlanRequest tight = Request8B(24);
+  tight.micro_batch = 32;
+  tight.resident_layers = -1;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(tight)).resident_layers, 0);
+  PlanRequest tier = Request8B(48);
+  tier.resident_layers = -1;
+  tier.moments_on_nvme = true;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(tier)).resident_layers, 0);
+}
+
+TEST(MemoryPlan, ExplicitResidentLayersAreCountedOrRefused) {
+  PlanRequest r = Request8B(48);
+  r.window = 2;
+  r.resident_layers = 3;
+  const MemoryPlan p = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(p.resident_layers, 3);
+  r.resident_layers = 20;  // 70 GB of state
+  auto refused = PlanMemory(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  r.resident_layers = 33;
+  EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument);
+  r.resident_layers = 3;
+  r.moments_on_nvme = true;
+  auto with_tier = PlanMemory(r);
+  ASSERT_FALSE(with_tier.ok());
+  EXPECT_EQ(with_tier.status().code(), StatusCode::kInvalidArgument);
+  const std::string m = with_tier.status().message();
+  ExpectContains(m, "not with the NVMe tier");
 }
 
 TEST(MemoryPlan, RejectsBadRequests) {

@@ -52,6 +52,7 @@ struct Case {
   int64_t accum;
   double max_grad_norm;
   TierMode tier = TierMode::kNone;
+  int64_t resident = 0;  // layers kept on the device with their optimizer state
 };
 
 // The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
@@ -83,6 +84,7 @@ void RunEquivalence(const Case& c, c10::Device device) {
   ScratchDir nvme_dir;
   SlidingOptions so{.train = o, .window = c.window, .checkpoints_on_host = device.is_cuda()};
   so.nvme = SmallTier(c.tier, nvme_dir);
+  so.resident_layers = c.resident;
   SlidingTrainer slide(cfg, params, so);
   const bool fp32 = c.dtype == c10::kFloat;
   double worst_loss = 0, worst_norm = 0, mean_norm = 0, early = 0;
@@ -135,13 +137,14 @@ void RunEquivalence(const Case& c, c10::Device device) {
     EXPECT_LE(worst_update, 5e-2);
   }
   std::printf(
-      "SLIDING %-8s %s window %lld accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, loss rel %.2e, grad-norm rel "
+      "SLIDING %-8s %s window %lld resident %lld accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, loss rel %.2e, "
+      "grad-norm rel "
       "%.2e "
       "(mean %.1e), weight "
       "updates %s %.2e over 20 steps\n",
-      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.accum,
-      c.max_grad_norm, TierModeName(c.tier), early, worst_loss, worst_norm, mean_norm, fp32 ? "max-rel" : "norm-rel",
-      worst_update);
+      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.resident,
+      (long long)c.accum, c.max_grad_norm, TierModeName(c.tier), early, worst_loss, worst_norm, mean_norm,
+      fp32 ? "max-rel" : "norm-rel", worst_update);
 }
 
 TEST(SlidingTrainer, EqualsReferenceFp32WithAccumulationAndClipping) {
@@ -203,6 +206,90 @@ TEST(SlidingTrainer, NvmeTierIsBitIdenticalToHostState) {
         EXPECT_GT(disk.tier()->store().bytes_read(), 0);
         EXPECT_GT(disk.tier()->store().bytes_written(), 0);
       }
+}
+
+// Resident layers change where a unit's state lives and which processor updates it, not the arithmetic (the
+// device AdamW is bit-equal to the CPU's): losses, norms, every master weight and both moments are identical to
+// training with every unit on the host, with and without accumulation and clipping, fp32 and bf16. A trainer
+// whose state is copied in through WriteState (a checkpoint restore) then trains on identically.
+TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  cfg.num_layers = 4;
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  ModelParams params = ZeroParams(BuildModelLayout(cfg), at::TensorOptions().dtype(at::kFloat));
+  params.units.front().copy_(init.units.front());
+  params.units.back().copy_(init.units.back());
+  for (int64_t i = 0; i < 4; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
+  const c10::Device cpu(c10::kCPU);
+  struct Variant {
+    c10::ScalarType dtype;
+    int64_t accum;
+    double clip;
+    int64_t resident;
+  };
+  for (const Variant& v :
+       {Variant{c10::kFloat, 1, 1.0, 2}, Variant{c10::kFloat, 2, 1.0, 4}, Variant{c10::kBFloat16, 1, 1.0, 3},
+        Variant{c10::kBFloat16, 2, 0.0, 1}, Variant{c10::kBFloat16, 1, 0.0, 4}}) {
+    SCOPED_TRACE(std::string(v.dtype == c10::kFloat ? "fp32" : "bf16") + " accum " + std::to_string(v.accum) +
+                 " clip " + std::to_string(v.clip) + " resident " + std::to_string(v.resident));
+    TrainerOptions o = Options(v.dtype, v.clip, cpu);
+    SlidingOptions on_device{.train = o, .window = 1};
+    on_device.resident_layers = v.resident;
+    SlidingTrainer host(cfg, params, {.train = o, .window = 1});
+    SlidingTrainer resident(cfg, params, on_device);
+    for (int64_t s = 0; s < 5; ++s) {
+      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
+      StepStats a = host.Step(mbs), b = resident.Step(mbs);
+      EXPECT_EQ(a.loss, b.loss) << "step " << s;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+    }
+    ASSERT_TRUE(host.SyncUpdates().ok());
+    ASSERT_TRUE(resident.SyncUpdates().ok());
+    for (int kind = 0; kind < 3; ++kind)
+      for (size_t u = 0; u < host.layout().units.size(); ++u)
+        EXPECT_TRUE(
+            at::equal(testing::ValueOrDie(host.ReadState(kind, u)), testing::ValueOrDie(resident.ReadState(kind, u))))
+            << "kind " << kind << " unit " << u;
+
+    // Restore the host trainer's state into a fresh resident trainer: both go on identically.
+    SlidingTrainer restored(cfg, params, on_device);
+    for (int kind = 0; kind < 3; ++kind)
+      for (size_t u = 0; u < host.layout().units.size(); ++u)
+        ASSERT_TRUE(restored.WriteState(kind, u, testing::ValueOrDie(host.ReadState(kind, u)).clone()).ok());
+    restored.StateRestored(host.steps_taken());
+    for (int64_t s = 5; s < 7; ++s) {
+      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
+      StepStats a = host.Step(mbs), b = restored.Step(mbs);
+      EXPECT_EQ(a.loss, b.loss) << "restored, step " << s;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "restored, step " << s;
+    }
+    ModelParams ma = host.Master(), mb = restored.Master();
+    for (size_t u = 0; u < ma.units.size(); ++u) EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << "unit " << u;
+  }
+}
+
+TEST(SlidingTrainer, RefusesResidentLayersItCannotHold) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  SlidingOptions o{.train = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU)), .window = 1};
+  o.resident_layers = fx.config.num_layers + 1;
+  EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error);
+  ScratchDir dir;
+  o.resident_layers = 1;
+  o.nvme = SmallTier(TierMode::kMoments, dir);
+  EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error);
+}
+
+TEST(SlidingTrainer, EqualsReferenceWithResidentLayers) {
+  RunEquivalence({"llama3", c10::kFloat, 1, 2, 1.0, TierMode::kNone, 2}, c10::Device(c10::kCPU));
+}
+
+TEST(SlidingTrainer, EqualsReferenceWithResidentLayers_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 2}, c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0, TierMode::kNone, 4}, c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 3}, c10::Device(c10::kCUDA, 0));
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {
