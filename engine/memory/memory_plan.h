@@ -34,7 +34,7 @@ struct PlanRequest {
   // Layers [0, k) kept on the device with their whole optimizer state (weights, fp32 master, both moments, the
   // gradient held until the update) and updated there: no load, no gradient copy, no CPU update for them.
   // 0: none; -1: as many as the budget holds after the window (the window then defaults to 2 slots, which
-  // residency uses better than more slots would); not with the NVMe tier.
+  // residency uses better than more slots would; a sixteenth of the budget is left free); not with the NVMe tier.
   int64_t resident_layers = 0;
 };
 
