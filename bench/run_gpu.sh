@@ -15,8 +15,7 @@
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
-#                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...",
-#                            RESIDENT_MODES="auto 0", HUGEPAGE_MODES="1 0")
+#                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -72,12 +71,10 @@ case "$phase" in
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -40
     echo "tests done after $((SECONDS - start)) s"
     for spec in ${RESIDENT_SPECS:-"llama-3b:8" "llama-8b:8" "llama-3b:16" "llama-8b:32"}; do
-      for r in ${RESIDENT_MODES:-auto 0}; do
-        for hp in ${HUGEPAGE_MODES:-1}; do
-          [ $((SECONDS - start)) -lt 470 ] || { echo "skipped (time): $spec resident=$r hugepages=$hp"; continue; }
-          SLIDE_HUGEPAGES=$hp SLIDE_RESIDENT=$r run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 3 2 cuda 1.0
-          echo "$spec resident=$r hugepages=$hp done after $((SECONDS - start)) s"
-        done
+      for r in auto 0; do
+        [ $((SECONDS - start)) -lt 470 ] || { echo "skipped (time): $spec resident=$r"; continue; }
+        SLIDE_RESIDENT=$r run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 3 2 cuda 1.0
+        echo "$spec resident=$r done after $((SECONDS - start)) s"
       done
     done ;;
   peers)

@@ -9,7 +9,6 @@
 // NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it).
 // SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
 // 0 on the CPU) on the device with their optimizer state, updated there.
-// SLIDE_HUGEPAGES=0 keeps the host state on small pages (huge_pages in the output says which ran).
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -21,7 +20,6 @@
 
 #include "bench/llama_shapes.h"
 #include "engine/common/files.h"
-#include "engine/common/host_memory.h"
 #include "engine/kernels/fused_ops.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/config.h"
@@ -189,8 +187,7 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f}, "
-      "\"fused_kernels\": %s, \"huge_pages\": %s, \"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, "
-      "\"read_bytes_per_update\": "
+      "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": "
       "%.0f, "
       "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
       "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
@@ -204,10 +201,9 @@ int main(int argc, char** argv) {
       (long long)batch, (long long)seq, (long long)window, (long long)plan.resident_layers, max_grad_norm, steps,
       dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total,
       (long long)plan.host_total, double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d,
-      sum.d2h, sum.cpu_update, sum.wait_update, FusedKernelsEnabled() ? "true" : "false",
-      HugePageAdviceWanted() ? "true" : "false", TierModeName(nvme.mode), sum.nvme, nvme_read, nvme_written,
-      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      sum.d2h, sum.cpu_update, sum.wait_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
+      sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
+      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

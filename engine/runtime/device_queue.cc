@@ -1,7 +1,5 @@
 #include "engine/runtime/device_queue.h"
 
-#include "engine/common/host_memory.h"
-
 #include <ATen/ops/empty.h>
 
 #include <chrono>
@@ -80,7 +78,6 @@ DeviceQueue::~DeviceQueue() {
 
 at::Tensor DeviceQueue::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
-  AdviseHugePages(t.data_ptr(), t.nbytes());  // before registration touches the pages
 #if SLIDE_HAVE_CUDA
   if (cuda_ && t.nbytes() > 0) {
     C10_CUDA_CHECK(cudaHostRegister(t.data_ptr(), t.nbytes(), cudaHostRegisterDefault));

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "engine/common/host_memory.h"
 #include "engine/optim/tensor_adamw.h"
 #include "engine/runtime/device_info.h"
 
@@ -118,18 +117,12 @@ void SlidingTrainer::Init() {
   TORCH_CHECK(!tier_ || opts_.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
   const bool master_on_disk = tier_ && tier_->holds_master();
   const size_t n_units = layout_.units.size();
-  // The CPU update streams these buffers: advised onto huge pages before their first touch.
-  auto host_buffer = [&](int64_t numel) {
-    at::Tensor t = at::empty({numel}, host_f32);
-    AdviseHugePages(t.data_ptr(), t.nbytes());
-    return t;
-  };
   if (!tier_) {
     exp_avg_.layout = exp_avg_sq_.layout = layout_;
     for (size_t u = 0; u < n_units; ++u) {
       const bool host = !Resident(u);
-      exp_avg_.units.push_back(host ? host_buffer(layout_.units[u].numel).zero_() : at::Tensor());
-      exp_avg_sq_.units.push_back(host ? host_buffer(layout_.units[u].numel).zero_() : at::Tensor());
+      exp_avg_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
+      exp_avg_sq_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
     }
   }
   unit_sqnorm_.assign(n_units, 0.0);
@@ -146,11 +139,6 @@ void SlidingTrainer::Init() {
       master_.units[u] = at::Tensor();
       staging_.emplace_back();
       continue;
-    }
-    if (!master_on_disk && HugePageAdviceWanted()) {  // the master came in on small pages: one unit at a time
-      at::Tensor fresh = host_buffer(layout_.units[u].numel);
-      fresh.copy_(master_.units[u]);
-      master_.units[u] = fresh;
     }
     if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
