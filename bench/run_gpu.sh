@@ -16,6 +16,8 @@
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
 #                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
+#   bench/run_gpu.sh stream  CUDA engine tests, then sliding_bench with a share of the host layers updated on the GPU
+#                            (STREAM_RUNS="shape:batch:share ...", resident layers automatic)
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -76,6 +78,19 @@ case "$phase" in
         SLIDE_RESIDENT=$r run 240 build-gpu/bench/sliding_bench ${spec%%:*} ${spec##*:} 1024 3 2 cuda 1.0
         echo "$spec resident=$r done after $((SECONDS - start)) s"
       done
+    done ;;
+  stream)
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 120 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|SLIDING' "$OUT/gpu_tests.log" | head -20
+    echo "tests done after $((SECONDS - start)) s"
+    for spec in ${STREAM_RUNS:-"llama-8b:32:0" "llama-8b:32:0.3" "llama-3b:8:0" "llama-3b:8:0.3"}; do
+      IFS=: read -r shape batch share <<< "$spec"
+      [ $((SECONDS - start)) -lt ${STREAM_DEADLINE:-470} ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_DEVICE_UPDATE_SHARE=$share run 200 build-gpu/bench/sliding_bench $shape $batch 1024 3 2 cuda 1.0
+      echo "$spec done after $((SECONDS - start)) s"
     done ;;
   peers)
     start=$SECONDS

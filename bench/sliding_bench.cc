@@ -9,6 +9,8 @@
 // NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it).
 // SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
 // 0 on the CPU) on the device with their optimizer state, updated there.
+// SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
+// a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest.
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -123,6 +125,9 @@ int main(int argc, char** argv) {
                     .trace = trace_out != nullptr};
   so.nvme = nvme;
   so.resident_layers = plan.resident_layers;
+  if (const char* share = std::getenv("SLIDE_DEVICE_UPDATE_SHARE"); share != nullptr && *share != '\0')
+    so.device_update_share = std::atof(share);
+  so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
   SlidingTrainer trainer(cfg, std::move(init), so);
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
   // The tier's traffic from here on: steps + 1 update passes (the warm-up's included), all drained at the end.
@@ -143,7 +148,7 @@ int main(int argc, char** argv) {
     loss = trainer.Step(batch_for(s)).loss;
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
-        sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step;
+        sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
   }
   if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
     std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
@@ -169,6 +174,7 @@ int main(int argc, char** argv) {
   const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
   sum.nvme /= steps;
+  sum.device_update /= steps;
   // Bytes per update pass; the rate as `steps` passes over the timed wall time (the last step's drain included,
   // the warm-up pass's tail overlapping the first timed step).
   const double nvme_read = trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + 1) : 0;
@@ -179,14 +185,15 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"resident_layers\": %lld, \"max_grad_norm\": %.2f, "
+      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"resident_layers\": %lld, \"device_update_share\": %.2f, "
+      "\"max_grad_norm\": %.2f, "
       "\"steps\": %d, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
       "\"planned_gpu_bytes\": %lld, "
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
-      "%.3f}, "
+      "%.3f, \"device_update\": %.3f}, "
       "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": "
       "%.0f, "
       "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
@@ -198,12 +205,13 @@ int main(int argc, char** argv) {
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)window, (long long)plan.resident_layers, max_grad_norm, steps,
-      dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total,
-      (long long)plan.host_total, double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d,
-      sum.d2h, sum.cpu_update, sum.wait_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
-      sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
-      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      (long long)batch, (long long)seq, (long long)window, (long long)plan.resident_layers, so.device_update_share,
+      max_grad_norm, steps, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev,
+      (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
+      double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update,
+      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), sum.nvme, nvme_read, nvme_written,
+      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

@@ -32,7 +32,7 @@ int64_t NowNs() {
 
 }  // namespace
 
-double ResourceBusy::MaxResource() const { return std::max({compute, h2d, d2h, cpu_update, nvme}); }
+double ResourceBusy::MaxResource() const { return std::max({compute, h2d, d2h, cpu_update, nvme, device_update}); }
 
 double ResourceBusy::OverlapRatio() const { return MaxResource() > 0 ? step / MaxResource() : 0; }
 
@@ -43,7 +43,8 @@ const char* ResourceBusy::Bound() const {
   if (h2d > most) name = "h2d", most = h2d;
   if (d2h > most) name = "d2h", most = d2h;
   if (cpu_update > most) name = "cpu_update", most = cpu_update;
-  if (nvme > most) name = "nvme";
+  if (nvme > most) name = "nvme", most = nvme;
+  if (device_update > most) name = "device_update";
   return name;
 }
 
@@ -161,9 +162,41 @@ void SlidingTrainer::Init() {
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
   worker_ = std::make_unique<UpdateWorker>(n_units);
+
+  // Streamed updates: every k-th host layer by the share, their state page-locked for the copy engines.
+  const double share = opts_.device_update_share;
+  TORCH_CHECK(share >= 0 && share <= 1, "device_update_share must be in [0, 1]");
+  if (share > 0) {
+    TORCH_CHECK(dtype == c10::kBFloat16, "streamed updates need bf16 compute");
+    TORCH_CHECK(!tier_, "streamed updates cannot be combined with the NVMe tier");
+    streamed_.assign(n_units, false);
+    int64_t host_layers = 0;
+    for (int64_t i = 0; i < layout_.num_layers(); ++i) {
+      if (Resident(1 + i)) continue;
+      // The share of the first m host layers is floor(m * share): this layer streams when that count steps up.
+      streamed_[1 + i] = std::floor((host_layers + 1) * share) > std::floor(host_layers * share);
+      ++host_layers;
+    }
+    queue_->EnableStreamedUpdates(opts_.device_update_chunk, 3, n_units, simd_);
+    for (size_t u = 0; u < n_units; ++u) {
+      if (!streamed_[u]) continue;
+      queue_->PinHost(master_.units[u]);
+      queue_->PinHost(exp_avg_.units[u]);
+      queue_->PinHost(exp_avg_sq_.units[u]);
+    }
+    stream_worker_ = std::make_unique<UpdateWorker>(n_units);
+  }
 }
 
-SlidingTrainer::~SlidingTrainer() { worker_->WaitAll(); }
+void SlidingTrainer::WaitAllWorkers() {
+  worker_->WaitAll();
+  if (stream_worker_) stream_worker_->WaitAll();
+}
+
+SlidingTrainer::~SlidingTrainer() {
+  WaitAllWorkers();
+  queue_->SyncStreamedUpdates();
+}
 
 // Slots 0..window-1 hold layers (layer i in slot i % window); slot `window` the embedding, window+1 the head.
 at::Tensor SlidingTrainer::SlotView(int64_t layer) {
@@ -172,11 +205,12 @@ at::Tensor SlidingTrainer::SlotView(int64_t layer) {
 }
 
 void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
-  if (worker_->Idle(unit)) return;
+  UpdateWorker& worker = WorkerFor(unit);
+  if (worker.Idle(unit)) return;
   const double t0 = TraceNow();
   {
     ScopedTimer t(busy_.wait_update);
-    worker_->Wait(unit);
+    worker.Wait(unit);
   }
   if (opts_.trace) {
     std::lock_guard<std::mutex> lock(trace_mu_);
@@ -185,7 +219,7 @@ void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
 }
 
 void SlidingTrainer::Prefetch(int64_t layer) {
-  if (worker_->Idle(1 + layer)) EnsureLoaded(layer);
+  if (WorkerFor(1 + layer).Idle(1 + layer)) EnsureLoaded(layer);
 }
 
 void SlidingTrainer::EnsureLoaded(int64_t layer) {
@@ -193,7 +227,9 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
   const int64_t w = layer % opts_.window;
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
   WaitForUnit(1 + layer, "load");
-  queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer]);
+  // A streamed update was enqueued by now (its worker is idle for the unit); the copy waits for its write-back.
+  queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer],
+                   Streamed(1 + layer) ? static_cast<int64_t>(1 + layer) : -1);
   slot_layer_[w] = layer;
   slot_version_[w] = weights_version_;
   ++slot_loads_;
@@ -212,7 +248,10 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   ++slot_loads_;
 }
 
-void SlidingTrainer::WaitForUpdates() { worker_->WaitAll(); }
+void SlidingTrainer::WaitForUpdates() {
+  WaitAllWorkers();
+  queue_->SyncStreamedUpdates();
+}
 
 at::Tensor SlidingTrainer::Park(const at::Tensor& x, int64_t index) {
   if (!opts_.checkpoints_on_host || !on_cuda_) return x;
@@ -270,10 +309,10 @@ void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool f
   at::Tensor landing = LandingBuffer(unit);
   auto landed = queue_->Offload(landing, device_grad);
   if (!accumulate) {
-    worker_->Post(unit, std::move(landed));
+    WorkerFor(unit).Post(unit, std::move(landed));
     return;
   }
-  worker_->Post(unit, [this, unit, first, last, landing, landed] {
+  WorkerFor(unit).Post(unit, [this, unit, first, last, landing, landed] {
     landed();
     const int64_t t0 = NowNs();
     if (first) {
@@ -336,13 +375,28 @@ void SlidingTrainer::UpdateResident(size_t unit, const AdamWStepArgs& args) {
 }
 
 void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_t step) {
-  if (Resident(unit)) {
-    AdamWStepArgs args;
-    args.hp = opts_.train.adamw;
-    args.hp.lr = lr;
-    args.step = step;
-    args.grad_scale = grad_scale;
-    return UpdateResident(unit, args);
+  AdamWStepArgs unit_args;
+  unit_args.hp = opts_.train.adamw;
+  unit_args.hp.lr = lr;
+  unit_args.step = step;
+  unit_args.grad_scale = grad_scale;
+  if (Resident(unit)) return UpdateResident(unit, unit_args);
+  if (Streamed(unit)) {
+    // Enqueued by the stream worker after the gradient has landed (its landing task runs first, FIFO); the
+    // weights come back into the staging buffer the gradient occupied, as the CPU update writes them.
+    HostUnitUpdate update;
+    update.master = master_.units[unit];
+    update.exp_avg = exp_avg_.units[unit];
+    update.exp_avg_sq = exp_avg_sq_.units[unit];
+    update.grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
+    update.out = staging_[unit];
+    for (const auto& spec : layout_.units[unit].params) {
+      HostUnitUpdate::Range r{spec.offset, spec.numel, unit_args};
+      if (!spec.weight_decay) r.args.hp.weight_decay = 0;
+      update.ranges.push_back(r);
+    }
+    stream_worker_->Post(unit, [this, unit, update = std::move(update)] { queue_->StreamUpdate(unit, update); });
+    return;
   }
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
   if (tier_) tier_->Schedule(unit);  // its state starts coming in now, in the order the worker runs updates
@@ -379,15 +433,22 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
 }
 
 void SlidingTrainer::CheckUpdates() {
-  std::string error = worker_->TakeError();
-  if (update_error_.empty()) update_error_ = error;
+  for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
+    if (w == nullptr) continue;
+    std::string error = w->TakeError();
+    if (update_error_.empty()) update_error_ = error;
+  }
   TORCH_CHECK(update_error_.empty(), "optimizer update failed: ", update_error_);
 }
 
 Status SlidingTrainer::SyncUpdates() {
-  worker_->WaitAll();
-  std::string error = worker_->TakeError();
-  if (update_error_.empty()) update_error_ = error;
+  WaitAllWorkers();
+  queue_->SyncStreamedUpdates();
+  for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
+    if (w == nullptr) continue;
+    std::string error = w->TakeError();
+    if (update_error_.empty()) update_error_ = error;
+  }
   if (!update_error_.empty()) return Internal("optimizer update failed: " + update_error_);
   return tier_ ? tier_->Flush() : Status::Ok();
 }
@@ -453,7 +514,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   accum_ = static_cast<int64_t>(micro_batches.size());
   if (accum_ > 1 && grad_accum_.empty())
     for (size_t u = 0; u < layout_.units.size(); ++u)
-      grad_accum_.push_back(Resident(u) ? at::Tensor() : at::empty({layout_.units[u].numel}, at::kFloat));
+      grad_accum_.push_back(Resident(u)   ? at::Tensor()
+                            : Streamed(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
+                                          : at::empty({layout_.units[u].numel}, at::kFloat));
 
   StepStats stats;
   for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
@@ -529,7 +592,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   double sq = 0;
   if (accum_ > 1) {
     ScopedTimer t(busy_.wait_update);
-    worker_->WaitAll();
+    WaitAllWorkers();
     for (size_t u = 0; u < unit_sqnorm_.size(); ++u) {
       if (!Resident(u)) continue;
       const double norm = dev_norm_[u].item<double>();
@@ -563,6 +626,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
   busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;
+  busy_.device_update = q.device_update;
   return stats;
 }
 
@@ -615,7 +679,7 @@ Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) 
 }
 
 void SlidingTrainer::StateRestored(int64_t steps_done) {
-  worker_->WaitAll();
+  WaitForUpdates();
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     if (Resident(u) && !dev_weights_[u].is_same(dev_master_[u])) dev_weights_[u].copy_(dev_master_[u]);
     if (master_.units[u].defined() && !staging_[u].is_same(master_.units[u]))

@@ -45,6 +45,12 @@ struct SlidingOptions {
   // updated there by the AdamW kernel (bit-equal to the CPU update): they never load, never return a gradient
   // and cost the CPU update nothing. Not with the NVMe tier. The planner chooses it (PlanRequest).
   int64_t resident_layers = 0;
+  // Of the layers left on the host, this share (spread evenly over them in forward order) is updated on the
+  // device: chunks of the fp32 state and the gradient stream up, the AdamW kernel runs, the results stream back,
+  // while the CPU updates the others, so the copy engines add their bandwidth to the CPU's. bf16 compute, no NVMe
+  // tier. 0: every host unit updates on the CPU.
+  double device_update_share = 0;
+  int64_t device_update_chunk = int64_t(2) << 20;  // elements per ring buffer (3 buffers, 18 bytes per element)
 };
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
@@ -53,10 +59,11 @@ struct ResourceBusy {
   double compute = 0;
   double h2d = 0;
   double d2h = 0;
-  double cpu_update = 0;   // gradient accumulation, host norms and AdamW (posted in this step)
-  double nvme = 0;         // update tasks waiting on the NVMe tier (reads not in yet, write-backs pending)
-  double wait_update = 0;  // engine thread blocked on a unit's update before loading it
-  double step = 0;         // wall time of Step()
+  double cpu_update = 0;     // gradient accumulation, host norms and AdamW (posted in this step)
+  double nvme = 0;           // update tasks waiting on the NVMe tier (reads not in yet, write-backs pending)
+  double device_update = 0;  // streamed updates that finished in this step (upload to download, per unit)
+  double wait_update = 0;    // engine thread blocked on a unit's update before loading it
+  double step = 0;           // wall time of Step()
   double MaxResource() const;
   // step / the busiest resource: 1.0 when the step costs exactly its busiest resource (everything else hidden
   // behind it); above 1 by the time nothing overlapped.
@@ -131,6 +138,9 @@ class SlidingTrainer {
                    const at::Tensor& grad, const AdamWStepArgs& args);
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
   bool Resident(size_t unit) const { return unit >= 1 && unit <= static_cast<size_t>(opts_.resident_layers); }
+  bool Streamed(size_t unit) const { return !streamed_.empty() && streamed_[unit]; }
+  UpdateWorker& WorkerFor(size_t unit) { return Streamed(unit) ? *stream_worker_ : *worker_; }
+  void WaitAllWorkers();
   void LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void UpdateResident(size_t unit, const AdamWStepArgs& args);
   void CheckUpdates();  // throws the first failed update's error (sticky: the state is no longer trustworthy)
@@ -171,6 +181,10 @@ class SlidingTrainer {
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
+  // Units whose update streams through the device, and the thread that waits for their gradients and enqueues
+  // them (so they never queue behind CPU updates).
+  std::vector<bool> streamed_;
+  std::unique_ptr<UpdateWorker> stream_worker_;
   std::atomic<int64_t> update_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};
   ResourceBusy busy_;

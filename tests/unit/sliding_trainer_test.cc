@@ -53,6 +53,7 @@ struct Case {
   double max_grad_norm;
   TierMode tier = TierMode::kNone;
   int64_t resident = 0;  // layers kept on the device with their optimizer state
+  double streamed = 0;   // share of the host layers updated on the device (chunks of 1000 elements)
 };
 
 // The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
@@ -68,16 +69,49 @@ StateTierOptions SmallTier(TierMode mode, const ScratchDir& dir, const std::stri
   return o;
 }
 
-void RunEquivalence(const Case& c, c10::Device device) {
-  ModelFixture fx = ModelFixture::Load(c.arch);
+// The fixture's two layers repeated to `layers` (scaled copies), so windows of 1-2 slots are smaller than the model.
+ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t layers) {
   ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
-  // Two layers in the fixtures: add copies so the window (1-2 slots) is smaller than the model.
-  ModelConfig cfg = fx.config;
-  cfg.num_layers = 4;
-  ModelParams params = ZeroParams(BuildModelLayout(cfg), at::TensorOptions().dtype(at::kFloat));
+  cfg->num_layers = layers;
+  ModelParams params = ZeroParams(BuildModelLayout(*cfg), at::TensorOptions().dtype(at::kFloat));
   params.units.front().copy_(init.units.front());
   params.units.back().copy_(init.units.back());
-  for (int64_t i = 0; i < 4; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
+  for (int64_t i = 0; i < layers; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
+  return params;
+}
+
+// `host` and `other` trained alike: every optimizer array is bit-equal; then a trainer built with `options` and
+// given `host`'s state through WriteState (a checkpoint restore) trains on exactly as `host` does.
+void ExpectSameStateAndRestore(SlidingTrainer& host, SlidingTrainer& other, const ModelConfig& cfg,
+                               const ModelParams& params, const SlidingOptions& options, int64_t accum) {
+  ASSERT_TRUE(host.SyncUpdates().ok());
+  ASSERT_TRUE(other.SyncUpdates().ok());
+  for (int kind = 0; kind < 3; ++kind)
+    for (size_t u = 0; u < host.layout().units.size(); ++u)
+      EXPECT_TRUE(
+          at::equal(testing::ValueOrDie(host.ReadState(kind, u)), testing::ValueOrDie(other.ReadState(kind, u))))
+          << "kind " << kind << " unit " << u;
+  SlidingTrainer restored(cfg, params, options);
+  for (int kind = 0; kind < 3; ++kind)
+    for (size_t u = 0; u < host.layout().units.size(); ++u)
+      ASSERT_TRUE(restored.WriteState(kind, u, testing::ValueOrDie(host.ReadState(kind, u)).clone()).ok());
+  restored.StateRestored(host.steps_taken());
+  const c10::Device cpu(c10::kCPU);
+  const int64_t done = host.steps_taken();
+  for (int64_t s = done; s < done + 2; ++s) {
+    auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
+    StepStats a = host.Step(mbs), b = restored.Step(mbs);
+    EXPECT_EQ(a.loss, b.loss) << "restored, step " << s;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "restored, step " << s;
+  }
+  ModelParams ma = host.Master(), mb = restored.Master();
+  for (size_t u = 0; u < ma.units.size(); ++u) EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << "unit " << u;
+}
+
+void RunEquivalence(const Case& c, c10::Device device) {
+  ModelFixture fx = ModelFixture::Load(c.arch);
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
 
   TrainerOptions o = Options(c.dtype, c.max_grad_norm, device);
   ReferenceTrainer ref(cfg, params, o);
@@ -85,6 +119,8 @@ void RunEquivalence(const Case& c, c10::Device device) {
   SlidingOptions so{.train = o, .window = c.window, .checkpoints_on_host = device.is_cuda()};
   so.nvme = SmallTier(c.tier, nvme_dir);
   so.resident_layers = c.resident;
+  so.device_update_share = c.streamed;
+  so.device_update_chunk = 1000;
   SlidingTrainer slide(cfg, params, so);
   const bool fp32 = c.dtype == c10::kFloat;
   double worst_loss = 0, worst_norm = 0, mean_norm = 0, early = 0;
@@ -137,12 +173,13 @@ void RunEquivalence(const Case& c, c10::Device device) {
     EXPECT_LE(worst_update, 5e-2);
   }
   std::printf(
-      "SLIDING %-8s %s window %lld resident %lld accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, loss rel %.2e, "
+      "SLIDING %-8s %s window %lld resident %lld streamed %.2f accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, "
+      "loss rel %.2e, "
       "grad-norm rel "
       "%.2e "
       "(mean %.1e), weight "
       "updates %s %.2e over 20 steps\n",
-      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.resident,
+      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.resident, c.streamed,
       (long long)c.accum, c.max_grad_norm, TierModeName(c.tier), early, worst_loss, worst_norm, mean_norm,
       fp32 ? "max-rel" : "norm-rel", worst_update);
 }
@@ -215,12 +252,7 @@ TEST(SlidingTrainer, NvmeTierIsBitIdenticalToHostState) {
 TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelConfig cfg = fx.config;
-  cfg.num_layers = 4;
-  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
-  ModelParams params = ZeroParams(BuildModelLayout(cfg), at::TensorOptions().dtype(at::kFloat));
-  params.units.front().copy_(init.units.front());
-  params.units.back().copy_(init.units.back());
-  for (int64_t i = 0; i < 4; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
   const c10::Device cpu(c10::kCPU);
   struct Variant {
     c10::ScalarType dtype;
@@ -244,29 +276,60 @@ TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
       EXPECT_EQ(a.loss, b.loss) << "step " << s;
       EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
     }
-    ASSERT_TRUE(host.SyncUpdates().ok());
-    ASSERT_TRUE(resident.SyncUpdates().ok());
-    for (int kind = 0; kind < 3; ++kind)
-      for (size_t u = 0; u < host.layout().units.size(); ++u)
-        EXPECT_TRUE(
-            at::equal(testing::ValueOrDie(host.ReadState(kind, u)), testing::ValueOrDie(resident.ReadState(kind, u))))
-            << "kind " << kind << " unit " << u;
-
-    // Restore the host trainer's state into a fresh resident trainer: both go on identically.
-    SlidingTrainer restored(cfg, params, on_device);
-    for (int kind = 0; kind < 3; ++kind)
-      for (size_t u = 0; u < host.layout().units.size(); ++u)
-        ASSERT_TRUE(restored.WriteState(kind, u, testing::ValueOrDie(host.ReadState(kind, u)).clone()).ok());
-    restored.StateRestored(host.steps_taken());
-    for (int64_t s = 5; s < 7; ++s) {
-      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
-      StepStats a = host.Step(mbs), b = restored.Step(mbs);
-      EXPECT_EQ(a.loss, b.loss) << "restored, step " << s;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "restored, step " << s;
-    }
-    ModelParams ma = host.Master(), mb = restored.Master();
-    for (size_t u = 0; u < ma.units.size(); ++u) EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << "unit " << u;
+    ExpectSameStateAndRestore(host, resident, cfg, params, on_device, v.accum);
   }
+}
+
+// Streamed updates run the same AdamW on the same elements, chunk by chunk through the ring (1000-element chunks
+// cross every parameter boundary and wrap the ring many times): bit-identical to the CPU update, with
+// accumulation, clipping, resident layers beside them, and through a restore.
+TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
+  ModelFixture fx = ModelFixture::Load("qwen3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  struct Variant {
+    int64_t accum;
+    double clip, share;
+    int64_t resident;
+  };
+  for (const Variant& v :
+       {Variant{1, 1.0, 0.5, 0}, Variant{2, 1.0, 1.0, 0}, Variant{1, 0.0, 1.0, 1}, Variant{2, 0.0, 0.34, 1}}) {
+    SCOPED_TRACE("accum " + std::to_string(v.accum) + " clip " + std::to_string(v.clip) + " share " +
+                 std::to_string(v.share) + " resident " + std::to_string(v.resident));
+    TrainerOptions o = Options(c10::kBFloat16, v.clip, cpu);
+    SlidingOptions streamed{.train = o, .window = 2};
+    streamed.device_update_share = v.share;
+    streamed.device_update_chunk = 1000;
+    streamed.resident_layers = v.resident;
+    SlidingTrainer host(cfg, params, {.train = o, .window = 2});
+    SlidingTrainer dev(cfg, params, streamed);
+    double streamed_seconds = 0;
+    for (int64_t s = 0; s < 5; ++s) {
+      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
+      StepStats a = host.Step(mbs), b = dev.Step(mbs);
+      EXPECT_EQ(a.loss, b.loss) << "step " << s;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+      streamed_seconds += dev.last_busy().device_update;  // a step counts the updates that finished in it
+    }
+    EXPECT_GT(streamed_seconds, 0);
+    ExpectSameStateAndRestore(host, dev, cfg, params, streamed, v.accum);
+  }
+}
+
+TEST(SlidingTrainer, RefusesStreamedUpdatesItCannotRun) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  SlidingOptions o{.train = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU)), .window = 1};
+  o.device_update_share = 0.5;
+  EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error);  // fp32 compute
+  o.train.compute_dtype = c10::kBFloat16;
+  o.device_update_share = 1.5;
+  EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error);
+  ScratchDir dir;
+  o.device_update_share = 0.5;
+  o.nvme = SmallTier(TierMode::kMoments, dir);
+  EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error);
 }
 
 TEST(SlidingTrainer, RefusesResidentLayersItCannotHold) {
@@ -283,6 +346,13 @@ TEST(SlidingTrainer, RefusesResidentLayersItCannotHold) {
 
 TEST(SlidingTrainer, EqualsReferenceWithResidentLayers) {
   RunEquivalence({"llama3", c10::kFloat, 1, 2, 1.0, TierMode::kNone, 2}, c10::Device(c10::kCPU));
+}
+
+TEST(SlidingTrainer, EqualsReferenceWithStreamedUpdates_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5}, c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0, TierMode::kNone, 1, 1.0}, c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 0, 1.0}, c10::Device(c10::kCUDA, 0));
 }
 
 TEST(SlidingTrainer, EqualsReferenceWithResidentLayers_CUDA) {
