@@ -32,6 +32,7 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.reserved_bytes = r.device_reserved_bytes;
   p.resident_layers = resident;
   p.resident_bytes = resident * s.max_layer * ResidentBytesPerParam(r);
+  p.streamed_ring_bytes = r.streamed_ring_bytes;
 
   // Head phase: one chunk of logits (compute dtype, fp32, and the fp32->compute gradient copy), the fp32 and
   // compute-dtype LM-head gradient, the normed hidden states in fp32 and their gradient.
@@ -46,8 +47,8 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   // Embedding phase: its gradient.
   const int64_t embed_phase = s.embed * e + s.tokens * s.hidden * e;
   p.peak_work_bytes = std::max({head_phase, layer_phase, embed_phase});
-  p.device_total =
-      p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes + p.resident_bytes;
+  p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
+                   p.resident_bytes + p.streamed_ring_bytes;
   return p;
 }
 
@@ -150,6 +151,7 @@ std::string MemoryPlan::ToString() const {
   row("layer slots", slot_bytes);
   row("embedding + head", edge_bytes);
   row("layer inputs", checkpoint_bytes);
+  if (streamed_ring_bytes > 0) row("streamed-update ring", streamed_ring_bytes);
   if (resident_layers > 0) row(("resident layers (" + std::to_string(resident_layers) + ")").c_str(), resident_bytes);
   row("largest transient phase", peak_work_bytes);
   row("reserved (context, workspaces)", reserved_bytes);

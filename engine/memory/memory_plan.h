@@ -36,6 +36,7 @@ struct PlanRequest {
   // 0: none; -1: as many as the budget holds after the window (the window then defaults to 2 slots, which
   // residency uses better than more slots would; a sixteenth of the budget is left free); not with the NVMe tier.
   int64_t resident_layers = 0;
+  int64_t streamed_ring_bytes = 0;  // device buffers of the streamed updates (SlidingOptions::device_update_share)
 };
 
 struct MemoryPlan {
@@ -47,6 +48,7 @@ struct MemoryPlan {
   int64_t checkpoint_bytes = 0;  // layer inputs kept on the device
   int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
   int64_t resident_bytes = 0;
+  int64_t streamed_ring_bytes = 0;
   int64_t peak_work_bytes = 0;  // the largest transient phase (head loss or a layer's recompute + backward)
   int64_t reserved_bytes = 0;
   int64_t device_total = 0;

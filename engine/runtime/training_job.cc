@@ -54,6 +54,13 @@ StateTierOptions TierOptions(const TrainingJobSpec& spec) {
   return o;
 }
 
+c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda);
+
+// GPU jobs in bf16 with their optimizer state in host memory update a share of their layers on the GPU.
+bool StreamsUpdates(const TrainingJobSpec& spec, bool cuda) {
+  return cuda && ComputeDtype(spec, cuda) == c10::kBFloat16 && TierOptions(spec).mode == TierMode::kNone;
+}
+
 PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   const int64_t micro = MicroBatchSize(spec);
   PlanRequest r;
@@ -74,6 +81,11 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   // On a GPU the memory the window leaves is spent on resident layers (state and update on the device); the
   // NVMe tier keeps every unit's state on disk instead.
   r.resident_layers = cuda && !r.moments_on_nvme ? -1 : 0;
+  if (StreamsUpdates(spec, cuda)) {
+    SlidingOptions streamed;
+    streamed.device_update_share = kDefaultDeviceUpdateShare;
+    r.streamed_ring_bytes = streamed.DeviceUpdateRingBytes();
+  }
   return r;
 }
 
@@ -81,6 +93,7 @@ SlidingOptions JobSlidingOptions(const TrainingJobSpec& spec, const TrainerOptio
   SlidingOptions o;
   o.train = train;
   o.nvme = TierOptions(spec);
+  if (StreamsUpdates(spec, train.device.is_cuda())) o.device_update_share = kDefaultDeviceUpdateShare;
   return o;
 }
 

@@ -120,6 +120,25 @@ TEST(MemoryPlan, ResidentLayersFillTheBudgetLeftByTheWindow) {
   EXPECT_EQ(testing::ValueOrDie(PlanMemory(tier)).resident_layers, 0);
 }
 
+// The streamed-update ring is device memory like any other: counted in the total and in the room left for
+// resident layers.
+TEST(MemoryPlan, CountsTheStreamedUpdateRing) {
+  PlanRequest r = Request8B(48);
+  r.window = 2;
+  const MemoryPlan without = testing::ValueOrDie(PlanMemory(r));
+  r.streamed_ring_bytes = 3 * (2 << 20) * 18;
+  const MemoryPlan with = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(with.streamed_ring_bytes, r.streamed_ring_bytes);
+  EXPECT_EQ(with.device_total - without.device_total, r.streamed_ring_bytes);
+  ExpectContains(with.ToString(), "streamed-update ring");
+  r.resident_layers = -1;
+  r.streamed_ring_bytes = 4ll << 30;  // one 8B layer's resident state is 3.5 GB
+  PlanRequest no_ring = r;
+  no_ring.streamed_ring_bytes = 0;
+  EXPECT_EQ(
+      testing::ValueOrDie(PlanMemory(no_ring)).resident_layers - testing::ValueOrDie(PlanMemory(r)).resident_layers, 1);
+}
+
 TEST(MemoryPlan, ExplicitResidentLayersAreCountedOrRefused) {
   PlanRequest r = Request8B(48);
   r.window = 2;
