@@ -98,6 +98,14 @@ int main(int argc, char** argv) {
   const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
                                     : device.is_cuda()                               ? "auto"
                                                                                      : "0";
+  const char* share_env = std::getenv("SLIDE_DEVICE_UPDATE_SHARE");
+  const double share = share_env != nullptr && *share_env != '\0' ? std::atof(share_env) : 0.0;
+  if (share > 0) {  // the ring's device buffers are part of the plan (and of the room left for resident layers)
+    SlidingOptions ring;
+    ring.device_update_share = share;
+    ring.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", ring.device_update_chunk);
+    plan_request.streamed_ring_bytes = ring.DeviceUpdateRingBytes();
+  }
   if (resident_mode == "auto") {
     PlanRequest r = plan_request;
     r.device_budget_bytes = gpu_budget;
@@ -125,8 +133,7 @@ int main(int argc, char** argv) {
                     .trace = trace_out != nullptr};
   so.nvme = nvme;
   so.resident_layers = plan.resident_layers;
-  if (const char* share = std::getenv("SLIDE_DEVICE_UPDATE_SHARE"); share != nullptr && *share != '\0')
-    so.device_update_share = std::atof(share);
+  so.device_update_share = share;
   so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
   SlidingTrainer trainer(cfg, std::move(init), so);
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());

@@ -3,9 +3,14 @@
 #include "engine/optim/tensor_adamw.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -85,14 +90,25 @@ DeviceQueue::DeviceQueue(c10::Device device, int num_slots) : device_(device) {
 }
 
 DeviceQueue::~DeviceQueue() {
-  SyncStreamedUpdates();  // the downloads write into host memory about to be unregistered
+  try {
+    SyncStreamedUpdates();  // the downloads write into host memory about to be unregistered
+  } catch (...) {           // a failed device: destructors must not throw
+  }
 #if SLIDE_HAVE_CUDA
   for (void* p : registered_) (void)cudaHostUnregister(p);
 #endif
 }
 
 at::Tensor DeviceQueue::AllocateHost(int64_t numel, c10::ScalarType dtype) {
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  // Whole, aligned pages: two buffers never share a page, which cudaHostRegister would refuse as registered twice.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  const size_t rounded = (bytes + page - 1) / page * page;
+  void* p = rounded > 0 ? std::aligned_alloc(page, rounded) : nullptr;
+  TORCH_CHECK(rounded == 0 || p != nullptr, "out of host memory allocating ", rounded, " bytes");
+  at::Tensor t = p != nullptr ? at::from_blob(
+                                    p, {numel}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype))
+                              : at::empty({numel}, at::TensorOptions().dtype(dtype));
 #if SLIDE_HAVE_CUDA
   if (cuda_ && t.nbytes() > 0) {
     C10_CUDA_CHECK(cudaHostRegister(t.data_ptr(), t.nbytes(), cudaHostRegisterDefault));
@@ -103,17 +119,6 @@ at::Tensor DeviceQueue::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   return t;
 }
 
-void DeviceQueue::PinHost(const at::Tensor& t) {
-#if SLIDE_HAVE_CUDA
-  if (cuda_ && t.nbytes() > 0) {
-    TORCH_CHECK(t.is_cpu() && t.is_contiguous(), "PinHost: a contiguous host tensor");
-    C10_CUDA_CHECK(cudaHostRegister(t.data_ptr(), t.nbytes(), cudaHostRegisterDefault));
-    registered_.push_back(t.data_ptr());
-    pinned_bytes_ += static_cast<int64_t>(t.nbytes());
-  }
-#endif
-}
-
 void DeviceQueue::EnableStreamedUpdates(int64_t chunk, int ring, size_t num_units, SimdLevel simd) {
   TORCH_CHECK(ring_state_.empty(), "streamed updates are already enabled");
   TORCH_CHECK(chunk > 0 && ring >= 2, "streamed updates need a chunk and at least two ring slots");
@@ -121,9 +126,9 @@ void DeviceQueue::EnableStreamedUpdates(int64_t chunk, int ring, size_t num_unit
   simd_ = simd;
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   for (int r = 0; r < ring; ++r) {
-    ring_state_.push_back(at::empty({3 * chunk}, f32));  // master | exp_avg | exp_avg_sq
-    ring_grad_.push_back(at::empty({chunk}, f32));       // fp32, or bf16 in its first half
-    ring_out_.push_back(at::empty({chunk}, f32.dtype(at::kBFloat16)));
+    ring_state_.push_back(at::empty({3 * chunk}, f32));                 // master | exp_avg | exp_avg_sq
+    ring_grad_.push_back(at::empty({chunk}, f32));                      // fp32, or bf16 in its first half
+    ring_out_.push_back(at::zeros({chunk}, f32.dtype(at::kBFloat16)));  // never stale bits in the padding it returns
   }
   streamed_ring_bytes_ = ring * chunk * (12 + 4 + 2);
 #if SLIDE_HAVE_CUDA
@@ -171,33 +176,48 @@ void DeviceQueue::StreamUpdate(size_t unit, const HostUnitUpdate& u) {
     auto& c = *cuda_;
     const c10::cuda::CUDAGuard guard(device_);
     auto start = Cuda::Mark(c.up);
-    for (int64_t b = 0; b < n; b += chunk_) {
-      const int64_t len = std::min(chunk_, n - b);
-      const int r = static_cast<int>(next_ring_slot_++ % ring);
-      if (c.ring_down_recorded[r]) c.ring_down_done[r].block(c.up);  // the slot's last results are back
-      float* state = ring_state_[r].data_ptr<float>();
-      auto copy = [](void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const c10::cuda::CUDAStream& s) {
-        C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, s.stream()));
-      };
-      copy(state, at_f32(u.master, b), len * 4, cudaMemcpyHostToDevice, c.up);
-      copy(state + chunk_, at_f32(u.exp_avg, b), len * 4, cudaMemcpyHostToDevice, c.up);
-      copy(state + 2 * chunk_, at_f32(u.exp_avg_sq, b), len * 4, cudaMemcpyHostToDevice, c.up);
-      copy(ring_grad_[r].data_ptr(), at_byte(u.grad, b), len * ge, cudaMemcpyHostToDevice, c.up);
-      {
-        const c10::cuda::CUDAStreamGuard on_up(c.up);
-        RunRanges(r, b, len, u);
+    // Everything enqueued for the unit, uploads and kernels included, lies behind the event later loads wait for,
+    // also when an error stops the chunks half way (the error then fails the job at the next check).
+    auto finish = [&] {
+      Cuda::Mark(c.up)->block(c.down);
+      auto done = Cuda::Mark(c.down);
+      c.unit_done[unit] = done;
+      return done;
+    };
+    try {
+      for (int64_t b = 0; b < n; b += chunk_) {
+        const int64_t len = std::min(chunk_, n - b);
+        const int r = static_cast<int>(next_ring_slot_++ % ring);
+        if (c.ring_down_recorded[r]) c.ring_down_done[r].block(c.up);  // the slot's last results are back
+        float* state = ring_state_[r].data_ptr<float>();
+        auto copy = [](void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const c10::cuda::CUDAStream& s) {
+          C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, s.stream()));
+        };
+        copy(state, at_f32(u.master, b), len * 4, cudaMemcpyHostToDevice, c.up);
+        copy(state + chunk_, at_f32(u.exp_avg, b), len * 4, cudaMemcpyHostToDevice, c.up);
+        copy(state + 2 * chunk_, at_f32(u.exp_avg_sq, b), len * 4, cudaMemcpyHostToDevice, c.up);
+        copy(ring_grad_[r].data_ptr(), at_byte(u.grad, b), len * ge, cudaMemcpyHostToDevice, c.up);
+        {
+          const c10::cuda::CUDAStreamGuard on_up(c.up);
+          RunRanges(r, b, len, u);
+        }
+        c.ring_up_done[r].record(c.up);
+        c.ring_up_done[r].block(c.down);
+        copy(at_f32(u.master, b), state, len * 4, cudaMemcpyDeviceToHost, c.down);
+        copy(at_f32(u.exp_avg, b), state + chunk_, len * 4, cudaMemcpyDeviceToHost, c.down);
+        copy(at_f32(u.exp_avg_sq, b), state + 2 * chunk_, len * 4, cudaMemcpyDeviceToHost, c.down);
+        if (u.out.defined()) copy(at_byte(u.out, b), ring_out_[r].data_ptr(), len * 2, cudaMemcpyDeviceToHost, c.down);
+        c.ring_down_done[r].record(c.down);
+        c.ring_down_recorded[r] = true;
       }
-      c.ring_up_done[r].record(c.up);
-      c.ring_up_done[r].block(c.down);
-      copy(at_f32(u.master, b), state, len * 4, cudaMemcpyDeviceToHost, c.down);
-      copy(at_f32(u.exp_avg, b), state + chunk_, len * 4, cudaMemcpyDeviceToHost, c.down);
-      copy(at_f32(u.exp_avg_sq, b), state + 2 * chunk_, len * 4, cudaMemcpyDeviceToHost, c.down);
-      if (u.out.defined()) copy(at_byte(u.out, b), ring_out_[r].data_ptr(), len * 2, cudaMemcpyDeviceToHost, c.down);
-      c.ring_down_done[r].record(c.down);
-      c.ring_down_recorded[r] = true;
+    } catch (...) {
+      try {
+        finish();
+      } catch (...) {  // the device itself failed: nothing more can be ordered
+      }
+      throw;
     }
-    auto done = Cuda::Mark(c.down);
-    c.unit_done[unit] = done;
+    auto done = finish();
     std::lock_guard<std::mutex> lock(c.update_mu);
     c.t_update.emplace_back(std::move(start), std::move(done));
     return;
@@ -226,7 +246,10 @@ void DeviceQueue::StreamUpdate(size_t unit, const HostUnitUpdate& u) {
 
 void DeviceQueue::SyncStreamedUpdates() {
 #if SLIDE_HAVE_CUDA
-  if (cuda_ && !ring_state_.empty()) cuda_->down.synchronize();  // each download follows its chunk's kernel
+  if (cuda_ && !ring_state_.empty()) {
+    cuda_->up.synchronize();
+    cuda_->down.synchronize();
+  }
 #endif
 }
 

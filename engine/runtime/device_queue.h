@@ -45,7 +45,7 @@ class DeviceQueue {
   DeviceQueue(c10::Device device, int num_slots);
   ~DeviceQueue();
 
-  // Host memory the device copies from/to: page-locked with cudaHostRegister on CUDA (exact size; LibTorch's
+  // Host memory the device copies from/to: whole aligned pages, page-locked with cudaHostRegister on CUDA (LibTorch's
   // pinned allocator rounds each block up to a power of two), plain memory otherwise. Stays registered
   // while this queue lives.
   at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype);
@@ -67,7 +67,6 @@ class DeviceQueue {
   // upload stream (state and gradient up, then the kernel) and a download stream (state and weights back); a
   // chunk's buffer is reused only after its download. Call once, before the first StreamUpdate.
   void EnableStreamedUpdates(int64_t chunk, int ring, size_t num_units, SimdLevel simd);
-  void PinHost(const at::Tensor& t);  // page-locks an existing host tensor while this queue lives (CUDA)
   // Enqueues `update` of `unit` (on the CPU it runs the same chunks at once). Call from one thread at a time;
   // the host buffers must not be touched until SyncStreamedUpdates or a load that waited for the unit.
   void StreamUpdate(size_t unit, const HostUnitUpdate& update);

@@ -178,11 +178,13 @@ void SlidingTrainer::Init() {
       ++host_layers;
     }
     queue_->EnableStreamedUpdates(opts_.device_update_chunk, 3, n_units, simd_);
-    for (size_t u = 0; u < n_units; ++u) {
+    for (size_t u = 0; u < n_units; ++u) {  // their state moves into page-locked buffers, one unit at a time
       if (!streamed_[u]) continue;
-      queue_->PinHost(master_.units[u]);
-      queue_->PinHost(exp_avg_.units[u]);
-      queue_->PinHost(exp_avg_sq_.units[u]);
+      at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
+      master.copy_(master_.units[u]);
+      master_.units[u] = master;
+      exp_avg_.units[u] = queue_->AllocateHost(layout_.units[u].numel, at::kFloat).zero_();
+      exp_avg_sq_.units[u] = queue_->AllocateHost(layout_.units[u].numel, at::kFloat).zero_();
     }
     stream_worker_ = std::make_unique<UpdateWorker>(n_units);
   }
@@ -195,7 +197,10 @@ void SlidingTrainer::WaitAllWorkers() {
 
 SlidingTrainer::~SlidingTrainer() {
   WaitAllWorkers();
-  queue_->SyncStreamedUpdates();
+  try {
+    queue_->SyncStreamedUpdates();
+  } catch (...) {  // a failed device: destructors must not throw (the job already has the error)
+  }
 }
 
 // Slots 0..window-1 hold layers (layer i in slot i % window); slot `window` the embedding, window+1 the head.
@@ -443,7 +448,11 @@ void SlidingTrainer::CheckUpdates() {
 
 Status SlidingTrainer::SyncUpdates() {
   WaitAllWorkers();
-  queue_->SyncStreamedUpdates();
+  try {
+    queue_->SyncStreamedUpdates();
+  } catch (const std::exception& e) {
+    if (update_error_.empty()) update_error_ = e.what();
+  }
   for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
     if (w == nullptr) continue;
     std::string error = w->TakeError();
@@ -512,11 +521,14 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     TORCH_CHECK(planned_tokens_ == 0 || mb.input_ids.numel() <= planned_tokens_, "micro-batch of ",
                 mb.input_ids.numel(), " tokens exceeds the ", planned_tokens_, " the memory plan was made for");
   accum_ = static_cast<int64_t>(micro_batches.size());
-  if (accum_ > 1 && grad_accum_.empty())
+  if (accum_ > 1 && grad_accum_.empty()) {  // built whole before it is kept: a failed allocation leaves none
+    std::vector<at::Tensor> sums;
     for (size_t u = 0; u < layout_.units.size(); ++u)
-      grad_accum_.push_back(Resident(u)   ? at::Tensor()
-                            : Streamed(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
-                                          : at::empty({layout_.units[u].numel}, at::kFloat));
+      sums.push_back(Resident(u)   ? at::Tensor()
+                     : Streamed(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
+                                   : at::empty({layout_.units[u].numel}, at::kFloat));
+    grad_accum_ = std::move(sums);
+  }
 
   StepStats stats;
   for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
