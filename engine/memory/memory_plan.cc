@@ -12,11 +12,11 @@ struct Shape {
   int64_t layers, max_layer, embed, head, tokens, hidden;
 };
 
-// Device bytes per parameter of a resident layer: its weights, fp32 master and moments, the gradient held until
-// the update, and the fp32 sum over micro-batches when they accumulate.
+// Device bytes per parameter of a resident layer: its compute-dtype weights (none in fp32: they are the master),
+// the fp32 master and moments, and the gradient held until the update (the fp32 sum when micro-batches accumulate).
 int64_t ResidentBytesPerParam(const PlanRequest& r) {
   const int64_t e = c10::elementSize(r.compute_dtype);
-  return e + 12 + e + (r.grad_accum > 1 ? 4 : 0);
+  return (e == 4 ? 0 : e) + 12 + (r.grad_accum > 1 ? 4 : e);
 }
 
 // Device bytes for a given window, checkpoint placement and resident layer count.

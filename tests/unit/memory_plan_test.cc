@@ -139,6 +139,22 @@ TEST(MemoryPlan, CountsTheStreamedUpdateRing) {
       testing::ValueOrDie(PlanMemory(no_ring)).resident_layers - testing::ValueOrDie(PlanMemory(r)).resident_layers, 1);
 }
 
+// Per parameter: bf16 weights + master + moments + held bf16 gradient = 16; under accumulation the held gradient is
+// the fp32 sum (18); in fp32 the weights are the master (16).
+TEST(MemoryPlan, ResidentBytesFollowDtypeAndAccumulation) {
+  const int64_t layer = BuildModelLayout(Llama8B()).layer(0).numel;
+  PlanRequest r = Request8B(48);
+  r.window = 2;
+  r.resident_layers = 1;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(r)).resident_bytes, 16 * layer);
+  r.grad_accum = 4;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(r)).resident_bytes, 18 * layer);
+  r.grad_accum = 1;
+  r.compute_dtype = c10::kFloat;
+  r.micro_batch = 2;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(r)).resident_bytes, 16 * layer);
+}
+
 TEST(MemoryPlan, ExplicitResidentLayersAreCountedOrRefused) {
   PlanRequest r = Request8B(48);
   r.window = 2;
