@@ -130,7 +130,6 @@ void DeviceQueue::EnableStreamedUpdates(int64_t chunk, int ring, size_t num_unit
     ring_grad_.push_back(at::empty({chunk}, f32));                      // fp32, or bf16 in its first half
     ring_out_.push_back(at::zeros({chunk}, f32.dtype(at::kBFloat16)));  // never stale bits in the padding it returns
   }
-  streamed_ring_bytes_ = ring * chunk * (12 + 4 + 2);
 #if SLIDE_HAVE_CUDA
   if (cuda_) {
     auto& c = *cuda_;

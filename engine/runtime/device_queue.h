@@ -71,7 +71,6 @@ class DeviceQueue {
   // the host buffers must not be touched until SyncStreamedUpdates or a load that waited for the unit.
   void StreamUpdate(size_t unit, const HostUnitUpdate& update);
   void SyncStreamedUpdates();  // every streamed update has written back
-  int64_t streamed_ring_bytes() const { return streamed_ring_bytes_; }
 
   void BeginCompute();  // brackets a compute segment for busy-time accounting
   void EndCompute();
@@ -95,7 +94,6 @@ class DeviceQueue {
   c10::Device device_;
   std::vector<at::Tensor> ring_state_, ring_grad_, ring_out_;
   int64_t chunk_ = 0;
-  int64_t streamed_ring_bytes_ = 0;
   int64_t next_ring_slot_ = 0;
   SimdLevel simd_ = SimdLevel::kScalar;
 };

@@ -276,6 +276,8 @@ TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
       EXPECT_EQ(a.loss, b.loss) << "step " << s;
       EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
     }
+    // The resident layers really stayed put: they were never loaded into a slot.
+    EXPECT_LT(resident.slot_loads(), host.slot_loads());
     ExpectSameStateAndRestore(host, resident, cfg, params, on_device, v.accum);
   }
 }
