@@ -25,6 +25,13 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// A parameter's step arguments: the unit's, without weight decay where the parameter takes none (norms, biases).
+AdamWStepArgs ParamArgs(const ParamSpec& spec, const AdamWStepArgs& unit_args) {
+  AdamWStepArgs a = unit_args;
+  if (!spec.weight_decay) a.hp.weight_decay = 0;
+  return a;
+}
+
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -118,12 +125,33 @@ void SlidingTrainer::Init() {
   TORCH_CHECK(!tier_ || opts_.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
   const bool master_on_disk = tier_ && tier_->holds_master();
   const size_t n_units = layout_.units.size();
+
+  // Streamed updates: every k-th host layer by the share; their state lives in page-locked buffers.
+  const double share = opts_.device_update_share;
+  TORCH_CHECK(share >= 0 && share <= 1, "device_update_share must be in [0, 1]");
+  if (share > 0) {
+    TORCH_CHECK(dtype == c10::kBFloat16, "streamed updates need bf16 compute");
+    TORCH_CHECK(!tier_, "streamed updates cannot be combined with the NVMe tier");
+    streamed_.assign(n_units, false);
+    int64_t host_layers = 0;
+    for (int64_t i = 0; i < layout_.num_layers(); ++i) {
+      if (Resident(1 + i)) continue;
+      // The share of the first m host layers is floor(m * share): this layer streams when that count steps up.
+      streamed_[1 + i] = std::floor((host_layers + 1) * share) > std::floor(host_layers * share);
+      ++host_layers;
+    }
+    queue_->EnableStreamedUpdates(opts_.device_update_chunk, 3, n_units, simd_);
+    stream_worker_ = std::make_unique<UpdateWorker>(n_units);
+  }
+  auto host_zeros = [&](size_t u) {
+    const int64_t numel = layout_.units[u].numel;
+    return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_() : at::zeros({numel}, host_f32);
+  };
   if (!tier_) {
     exp_avg_.layout = exp_avg_sq_.layout = layout_;
     for (size_t u = 0; u < n_units; ++u) {
-      const bool host = !Resident(u);
-      exp_avg_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
-      exp_avg_sq_.units.push_back(host ? at::zeros({layout_.units[u].numel}, host_f32) : at::Tensor());
+      exp_avg_.units.push_back(Resident(u) ? at::Tensor() : host_zeros(u));
+      exp_avg_sq_.units.push_back(Resident(u) ? at::Tensor() : host_zeros(u));
     }
   }
   unit_sqnorm_.assign(n_units, 0.0);
@@ -140,6 +168,11 @@ void SlidingTrainer::Init() {
       master_.units[u] = at::Tensor();
       staging_.emplace_back();
       continue;
+    }
+    if (Streamed(u)) {  // the loaded master moves into a page-locked buffer, one unit at a time
+      at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
+      master.copy_(master_.units[u]);
+      master_.units[u] = master;
     }
     if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
@@ -162,32 +195,6 @@ void SlidingTrainer::Init() {
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
   worker_ = std::make_unique<UpdateWorker>(n_units);
-
-  // Streamed updates: every k-th host layer by the share, their state page-locked for the copy engines.
-  const double share = opts_.device_update_share;
-  TORCH_CHECK(share >= 0 && share <= 1, "device_update_share must be in [0, 1]");
-  if (share > 0) {
-    TORCH_CHECK(dtype == c10::kBFloat16, "streamed updates need bf16 compute");
-    TORCH_CHECK(!tier_, "streamed updates cannot be combined with the NVMe tier");
-    streamed_.assign(n_units, false);
-    int64_t host_layers = 0;
-    for (int64_t i = 0; i < layout_.num_layers(); ++i) {
-      if (Resident(1 + i)) continue;
-      // The share of the first m host layers is floor(m * share): this layer streams when that count steps up.
-      streamed_[1 + i] = std::floor((host_layers + 1) * share) > std::floor(host_layers * share);
-      ++host_layers;
-    }
-    queue_->EnableStreamedUpdates(opts_.device_update_chunk, 3, n_units, simd_);
-    for (size_t u = 0; u < n_units; ++u) {  // their state moves into page-locked buffers, one unit at a time
-      if (!streamed_[u]) continue;
-      at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
-      master.copy_(master_.units[u]);
-      master_.units[u] = master;
-      exp_avg_.units[u] = queue_->AllocateHost(layout_.units[u].numel, at::kFloat).zero_();
-      exp_avg_sq_.units[u] = queue_->AllocateHost(layout_.units[u].numel, at::kFloat).zero_();
-    }
-    stream_worker_ = std::make_unique<UpdateWorker>(n_units);
-  }
 }
 
 void SlidingTrainer::WaitAllWorkers() {
@@ -341,8 +348,7 @@ void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* m
   for (const auto& spec : layout_.units[unit].params) {
     const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi) continue;
-    AdamWStepArgs a = args;
-    if (!spec.weight_decay) a.hp.weight_decay = 0;
+    const AdamWStepArgs a = ParamArgs(spec, args);
     AdamWSpan span;
     span.param = master + (lo - begin);
     span.exp_avg = exp_avg + (lo - begin);
@@ -369,8 +375,7 @@ void SlidingTrainer::UpdateResident(size_t unit, const AdamWStepArgs& args) {
   const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;  // fp32: the weights are the master
   queue_->BeginCompute();
   for (const auto& spec : layout_.units[unit].params) {
-    AdamWStepArgs a = args;
-    if (!spec.weight_decay) a.hp.weight_decay = 0;
+    const AdamWStepArgs a = ParamArgs(spec, args);
     auto part = [&](const at::Tensor& t) { return t.narrow(0, spec.offset, spec.numel); };
     TensorAdamW(part(dev_master_[unit]), part(dev_exp_avg_[unit]), part(dev_exp_avg_sq_[unit]), part(grad),
                 write_bf16 ? part(dev_weights_[unit]) : at::Tensor(), a, simd_);
@@ -396,9 +401,7 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     update.grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
     update.out = staging_[unit];
     for (const auto& spec : layout_.units[unit].params) {
-      HostUnitUpdate::Range r{spec.offset, spec.numel, unit_args};
-      if (!spec.weight_decay) r.args.hp.weight_decay = 0;
-      update.ranges.push_back(r);
+      update.ranges.push_back({spec.offset, spec.numel, ParamArgs(spec, unit_args)});
     }
     stream_worker_->Post(unit, [this, unit, update = std::move(update)] { queue_->StreamUpdate(unit, update); });
     return;
@@ -437,12 +440,16 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
   });
 }
 
-void SlidingTrainer::CheckUpdates() {
+void SlidingTrainer::TakeWorkerErrors() {
   for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
     if (w == nullptr) continue;
     std::string error = w->TakeError();
     if (update_error_.empty()) update_error_ = error;
   }
+}
+
+void SlidingTrainer::CheckUpdates() {
+  TakeWorkerErrors();
   TORCH_CHECK(update_error_.empty(), "optimizer update failed: ", update_error_);
 }
 
@@ -453,11 +460,7 @@ Status SlidingTrainer::SyncUpdates() {
   } catch (const std::exception& e) {
     if (update_error_.empty()) update_error_ = e.what();
   }
-  for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
-    if (w == nullptr) continue;
-    std::string error = w->TakeError();
-    if (update_error_.empty()) update_error_ = error;
-  }
+  TakeWorkerErrors();
   if (!update_error_.empty()) return Internal("optimizer update failed: " + update_error_);
   return tier_ ? tier_->Flush() : Status::Ok();
 }

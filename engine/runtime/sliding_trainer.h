@@ -149,7 +149,8 @@ class SlidingTrainer {
   void WaitAllWorkers();
   void LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void UpdateResident(size_t unit, const AdamWStepArgs& args);
-  void CheckUpdates();  // throws the first failed update's error (sticky: the state is no longer trustworthy)
+  void TakeWorkerErrors();  // the first error of any update worker into update_error_ (sticky)
+  void CheckUpdates();      // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
   at::Tensor Park(const at::Tensor& x, int64_t index);
   at::Tensor Unpark(const at::Tensor& parked);
