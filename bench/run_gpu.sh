@@ -16,6 +16,8 @@
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
 #                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
+#   bench/run_gpu.sh matrix  sliding_bench over MATRIX_RUNS="shape:batch:max_grad_norm ..." as slided runs GPU jobs
+#                            (automatic resident layers, streamed-update share SHARE=0.3)
 #   bench/run_gpu.sh stream  CUDA engine tests, then sliding_bench with a share of the host layers updated on the GPU
 #                            (STREAM_RUNS="shape:batch:share ...", resident layers automatic)
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
@@ -47,8 +49,10 @@ case "$phase" in
     build_gpu kernel_bench sliding_bench model_tests parity_tests engine_tests
     echo "build ok after $((SECONDS - start)) s"
     timeout 120 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' > "$OUT/kernel_tests.log" 2>&1
-    timeout 120 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
-    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+    if [ -z "${KERNEL_TESTS_ONLY:-}" ]; then
+      timeout 120 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+      timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+    fi
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|error' "$OUT/kernel_tests.log" | head -40
     echo "tests done after $((SECONDS - start)) s"
     run 180 build-gpu/bench/kernel_bench 8192 4300
@@ -90,6 +94,19 @@ case "$phase" in
       IFS=: read -r shape batch share <<< "$spec"
       [ $((SECONDS - start)) -lt ${STREAM_DEADLINE:-470} ] || { echo "skipped (time): $spec"; continue; }
       SLIDE_DEVICE_UPDATE_SHARE=$share run 200 build-gpu/bench/sliding_bench $shape $batch 1024 3 2 cuda 1.0
+      echo "$spec done after $((SECONDS - start)) s"
+    done ;;
+  matrix)
+    # The engine's figures over shapes, batches and clipping as a GPU job runs them (automatic resident layers,
+    # streamed-update share SHARE, default 0.3 as in slided): MATRIX_RUNS="shape:batch:max_grad_norm ...".
+    start=$SECONDS
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; } > "$OUT/hardware.txt" 2>&1
+    build_gpu sliding_bench
+    echo "build ok after $((SECONDS - start)) s"
+    for spec in ${MATRIX_RUNS:-"llama-3b:8:1.0" "llama-3b:8:0" "llama-3b:16:1.0" "llama-3b:16:0"}; do
+      IFS=: read -r shape batch clip <<< "$spec"
+      [ $((SECONDS - start)) -lt ${MATRIX_DEADLINE:-470} ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_DEVICE_UPDATE_SHARE=${SHARE:-0.3} run 200 build-gpu/bench/sliding_bench $shape $batch 1024 3 2 cuda $clip
       echo "$spec done after $((SECONDS - start)) s"
     done ;;
   peers)

@@ -91,15 +91,26 @@ __global__ void GradKernel(T* __restrict__ logits, int64_t cols, int64_t vocab_o
   const float row_scale = (t >= 0 && t < vocab) ? scale : 0.f;
   const int64_t local_target = t - vocab_offset;
   const float l2 = lse[row] * kLog2e;
-  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
-    Pack<T, V> p = LoadPack<T, V>(lr + c);
+  auto grad = [&](Pack<T, V>& p, int64_t c) {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       float g = exp2f(ToFloat(p.v[k]) * kLog2e - l2) * row_scale;
       if (c + k == local_target) g -= row_scale;
       p.v[k] = FromFloat<T>(g);
     }
-    StorePack<T, V>(lr + c, p);
+  };
+  // Two packs per thread per iteration, both loaded before either is written: twice the bytes in flight.
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
+  for (int64_t c = threadIdx.x * V; c < cols; c += 2 * stride) {
+    const bool second = c + stride < cols;
+    Pack<T, V> p0 = LoadPack<T, V>(lr + c), p1;
+    if (second) p1 = LoadPack<T, V>(lr + c + stride);
+    grad(p0, c);
+    StorePack<T, V>(lr + c, p0);
+    if (second) {
+      grad(p1, c + stride);
+      StorePack<T, V>(lr + c + stride, p1);
+    }
   }
 }
 

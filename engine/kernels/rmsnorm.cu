@@ -142,20 +142,29 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ dy, const T* __restr
     for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + c + i] = dw_acc[c + i];
 }
 
-// dw[c] = sum over parts: a block takes 32 columns, its 8 rows of threads split the parts between them.
+// dw[c] = sum over parts: a block takes 32 columns and its 32 rows of threads split the parts between them, each
+// keeping four loads in flight (a summing loop with one load per add waits a full memory latency per part).
 template <class T>
 __global__ void SumPartialsKernel(const float* __restrict__ partial, int parts, int64_t cols, T* __restrict__ dw) {
-  __shared__ float sums[8][33];
+  __shared__ float sums[32][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.f;
-  if (c < cols)
-    for (int p = threadIdx.y; p < parts; p += 8) s += partial[p * cols + c];
-  sums[threadIdx.y][threadIdx.x] = s;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  if (c < cols) {
+    int p = threadIdx.y;
+    for (; p + 96 < parts; p += 128) {
+      s0 += partial[p * cols + c];
+      s1 += partial[(p + 32) * cols + c];
+      s2 += partial[(p + 64) * cols + c];
+      s3 += partial[(p + 96) * cols + c];
+    }
+    for (; p < parts; p += 32) s0 += partial[p * cols + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = (s0 + s1) + (s2 + s3);
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float total = 0.f;
 #pragma unroll
-    for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
+    for (int y = 0; y < 32; ++y) total += sums[y][threadIdx.x];
     dw[c] = FromFloat<T>(total);
   }
 }
@@ -236,7 +245,7 @@ cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* 
                                                  cols);
     }
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    SumPartialsKernel<T><<<Blocks(cols, 32), dim3(32, 8), 0, stream>>>(partial, parts, cols, static_cast<T*>(dw));
+    SumPartialsKernel<T><<<Blocks(cols, 32), dim3(32, 32), 0, stream>>>(partial, parts, cols, static_cast<T*>(dw));
     return cudaGetLastError();
   });
 }
