@@ -50,8 +50,7 @@ __global__ void StatsKernel(const T* __restrict__ logits, int64_t cols, int64_t 
   const int64_t row = blockIdx.x;
   const T* lr = logits + row * cols;
   MaxSum acc{-INFINITY, 0.f};
-  for (int64_t c = threadIdx.x * V; c < cols; c += blockDim.x * V) {
-    const Pack<T, V> p = LoadPack<T, V>(lr + c);
+  auto fold = [&](const Pack<T, V>& p) {
     float v2[V];
     float pm = -INFINITY;
     bool nan = false;
@@ -66,9 +65,19 @@ __global__ void StatsKernel(const T* __restrict__ logits, int64_t cols, int64_t 
       acc.s *= exp2f(acc.m - pm);
       acc.m = pm;
     }
-    if (acc.m == -INFINITY) continue;
+    if (acc.m == -INFINITY) return;
 #pragma unroll
     for (int k = 0; k < V; ++k) acc.s += exp2f(v2[k] - acc.m);
+  };
+  // Two packs per thread per iteration, both loaded before either is folded in: twice the bytes in flight.
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
+  for (int64_t c = threadIdx.x * V; c < cols; c += 2 * stride) {
+    const bool second = c + stride < cols;
+    const Pack<T, V> p0 = LoadPack<T, V>(lr + c);
+    Pack<T, V> p1;
+    if (second) p1 = LoadPack<T, V>(lr + c + stride);
+    fold(p0);
+    if (second) fold(p1);
   }
   acc = BlockMerge(acc, scratch);
   if (threadIdx.x == 0) {

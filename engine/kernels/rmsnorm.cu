@@ -42,8 +42,9 @@ __global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restric
 }
 
 // The backward for rows of at most P packs per thread: the row (dy, x) stays in registers between the two
-// passes, the next row's loads are issued before this row's block-wide reduction (so the reduction's latency is
-// hidden behind memory), and the thread's share of the weight gradient accumulates in registers.
+// passes, the next row's loads (its rstd included: a load at the top of each row would put a memory latency on
+// every row's critical path) are issued before this row's block-wide reduction, so the reduction's latency is
+// hidden behind memory, and the thread's share of the weight gradient accumulates in registers.
 template <class T, int V, int P>
 __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                const T* __restrict__ w, const float* __restrict__ rstd,
@@ -53,7 +54,8 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
   float dw_acc[P][V];
   Pack<T, V> pw[P], pdy[P], px[P], ndy[P], nx[P];
   auto column = [&](int k) { return (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V; };
-  auto load_row = [&](int64_t row, Pack<T, V>* dys, Pack<T, V>* xs) {
+  auto load_row = [&](int64_t row, Pack<T, V>* dys, Pack<T, V>* xs, float* r) {
+    *r = rstd[row];
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       if (column(k) >= cols) continue;
@@ -67,9 +69,9 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
     for (int i = 0; i < V; ++i) dw_acc[k][i] = 0.f;
     if (column(k) < cols) pw[k] = LoadPack<T, V>(w + column(k));
   }
-  if (blockIdx.x < rows) load_row(blockIdx.x, pdy, px);
+  float r = 0.f, next_r = 0.f;
+  if (blockIdx.x < rows) load_row(blockIdx.x, pdy, px, &r);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float r = rstd[row];
     float dot = 0.f;  // sum(dn * n)
 #pragma unroll
     for (int k = 0; k < P; ++k) {
@@ -78,7 +80,7 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
       for (int i = 0; i < V; ++i)
         dot += RoundTo<T>(ToFloat(pdy[k].v[i]) * ToFloat(pw[k].v[i])) * ToFloat(px[k].v[i]) * r;
     }
-    if (row + gridDim.x < rows) load_row(row + gridDim.x, ndy, nx);
+    if (row + gridDim.x < rows) load_row(row + gridDim.x, ndy, nx, &next_r);
     const float mean = BlockSum(dot, scratch) / static_cast<float>(cols);
 #pragma unroll
     for (int k = 0; k < P; ++k) {
@@ -95,6 +97,7 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
       pdy[k] = ndy[k];
       px[k] = nx[k];
     }
+    r = next_r;
   }
 #pragma unroll
   for (int k = 0; k < P; ++k) {
