@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -26,21 +27,11 @@ namespace {
 
 constexpr int kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3;
 
-const char* kUsageText = R"(usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json] COMMAND [ARGS]
-commands:
-  submit FILE.yaml [--follow] [--cancel-on-interrupt]
-                                submit a job (fields of slide.v1.JobSpec); --follow watches it to the end
-  watch ID [--from-step N] [--cancel-on-interrupt]
-                                follow a job: progress, then a summary. Ctrl-C detaches and the job goes on;
-                                with --cancel-on-interrupt it cancels the job first
-  logs ID                       print a job's log lines
-  list [--state STATE]          list jobs (QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-  get ID                        show one job
-  cancel ID                     cancel a queued or running job
-  status                        the daemon's state and queue
---tls-ca FILE: talk TLS to a daemon with security.tls_cert_file set, trusting the CA certificate in FILE
-environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN, SLIDE_TLS_CA
-)";
+// Below the generated help: what the flags' descriptions leave out.
+const char* kHelpFooter =
+    R"(exit codes: 0 done / job succeeded, 1 job failed or cancelled, 2 usage or bad input, 3 daemon unreachable
+or authentication refused. Each command has its own --help (slidectl submit --help).
+environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN, SLIDE_TLS_CA)";
 
 struct Options {
   std::string addr = std::getenv("SLIDE_ADDR") ? std::getenv("SLIDE_ADDR") : "127.0.0.1:50151";
@@ -196,75 +187,48 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
 
 int main(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args;
-  bool wants_help = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if ((a == "--addr" || a == "--token" || a == "--tls-ca") && i + 1 >= argc) {
-      return Fail(kUsage, a + " needs a value (see --help)");
-    } else if (a == "--addr") {
-      o.addr = argv[++i];
-    } else if (a == "--token") {
-      o.token = argv[++i];
-    } else if (a == "--tls-ca") {
-      o.tls_ca = argv[++i];
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "--help" || a == "-h") {
-      if (args.empty()) {
-        std::printf("%s", kUsageText);
-        return kOk;
-      }
-      wants_help = true;
-    } else {
-      args.push_back(a);
-    }
+  CLI::App app{"slidectl: submit and watch fine-tuning jobs on a slided daemon", "slidectl"};
+  app.footer(kHelpFooter);
+  app.fallthrough();  // the global flags may also follow the command
+  app.add_option("--addr", o.addr, "the daemon's gRPC address HOST:PORT (SLIDE_ADDR)");
+  app.add_option("--token", o.token, "bearer token (SLIDE_TOKEN)");
+  app.add_option("--tls-ca", o.tls_ca,
+                 "talk TLS to a daemon with security.tls_cert_file set, trusting the CA certificate in FILE "
+                 "(SLIDE_TLS_CA)");
+  app.add_flag("--json", o.json, "print the API's JSON instead of text");
+  std::string file, id, state;
+  int64_t from_step = 0;
+  bool follow = false, cancel_on_interrupt = false;
+  auto* submit = app.add_subcommand("submit", "submit a job (FILE.yaml: fields of slide.v1.JobSpec)");
+  submit->add_option("FILE.yaml", file, "the job file")->required();
+  submit->add_flag("--follow", follow, "watch the job to the end");
+  auto* watch =
+      app.add_subcommand("watch", "follow a job: progress, then a summary; Ctrl-C detaches and the job goes on");
+  auto* logs = app.add_subcommand("logs", "print a job's log lines");
+  for (CLI::App* c : {watch, logs}) {
+    c->add_option("ID", id, "the job id")->required();
+    c->add_option("--from-step", from_step, "skip the metrics of earlier steps");
   }
-  if (args.empty()) return Fail(kUsage, "no command (see --help)");
-  const std::string cmd = args[0];
-  if (wants_help) {
-    // Per-command help: the command's line from the usage text.
-    const std::string text = kUsageText;
-    const size_t at = text.find("\n  " + cmd + " ");
-    if (at == std::string::npos) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
-    std::printf("usage: slidectl [--addr HOST:PORT] [--token TOKEN] [--tls-ca FILE] [--json]%s\n",
-                text.substr(at + 2, text.find('\n', at + 1) - at - 2).insert(0, " ").c_str());
+  for (CLI::App* c : {submit, watch})
+    c->add_flag("--cancel-on-interrupt", cancel_on_interrupt, "Ctrl-C cancels the job before detaching");
+  auto* list = app.add_subcommand("list", "list jobs");
+  list->add_option("--state", state, "only jobs in STATE (QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLED)");
+  auto* get = app.add_subcommand("get", "show one job");
+  auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  for (CLI::App* c : {get, cancel}) c->add_option("ID", id, "the job id")->required();
+  auto* status = app.add_subcommand("status", "the daemon's state and queue");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());  // the command's own help when one was named
     return kOk;
+  } catch (const CLI::ParseError& e) {
+    // Unknown flags, stray words, missing or malformed values: one line naming them.
+    return Fail(kUsage, std::string(e.what()) + " (see --help)");
   }
-  // Each command's own flags (value flags take the next word) and how many plain words it takes: a misspelt
-  // flag or a stray word is an error, never silently ignored.
-  struct Grammar {
-    std::vector<std::string> flags, value_flags;
-    size_t words;
-  };
-  static const std::map<std::string, Grammar> grammar = {
-      {"submit", {{"--follow", "--cancel-on-interrupt"}, {}, 1}},
-      {"watch", {{"--cancel-on-interrupt"}, {"--from-step"}, 1}},
-      {"logs", {{}, {"--from-step"}, 1}},
-      {"list", {{}, {"--state"}, 0}},
-      {"get", {{}, {}, 1}},
-      {"cancel", {{}, {}, 1}},
-      {"status", {{}, {}, 0}},
-  };
-  const auto g = grammar.find(cmd);
-  if (g == grammar.end()) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
-  size_t words = 0;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const auto& [flags, value_flags, max_words] = g->second;
-    if (std::find(flags.begin(), flags.end(), args[i]) != flags.end()) continue;
-    if (std::find(value_flags.begin(), value_flags.end(), args[i]) != value_flags.end()) {
-      if (i + 1 >= args.size()) return Fail(kUsage, args[i] + " needs a value (see " + cmd + " --help)");
-      ++i;
-      continue;
-    }
-    if (args[i].rfind("-", 0) == 0)
-      return Fail(kUsage, "unknown flag '" + args[i] + "' for " + cmd + " (see " + cmd + " --help)");
-    if (++words > max_words) return Fail(kUsage, "unexpected argument '" + args[i] + "' for " + cmd);
-  }
-  auto need = [&](size_t n) { return args.size() >= n; };
-  const bool cancel_on_interrupt = std::find(args.begin(), args.end(), "--cancel-on-interrupt") != args.end();
-  const bool watches =
-      cmd == "watch" || (cmd == "submit" && std::find(args.begin(), args.end(), "--follow") != args.end());
+  if (app.get_subcommands().empty()) return Fail(kUsage, "no command (see --help)");
+  CLI::App* const cmd = app.get_subcommands().front();
+  const bool watches = cmd == watch || (cmd == submit && follow);
   // Before any gRPC thread exists, so that only the watcher's sigwait sees Ctrl-C.
   if (cancel_on_interrupt && watches) InterruptCancels::BlockSigint();
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -277,50 +241,34 @@ int main(int argc, char** argv) {
   }
   auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, creds));
 
-  if (cmd == "submit") {
-    if (!need(2)) return Fail(kUsage, "submit needs a job file");
+  if (cmd == submit) {
     v1::SubmitJobRequest req;
-    const std::string err = slidectl::LoadJobFile(args[1], req.mutable_spec());
+    const std::string err = slidectl::LoadJobFile(file, req.mutable_spec());
     if (!err.empty()) return Fail(kUsage, err);
     grpc::ClientContext ctx;
     Prepare(ctx, o, 30);
     v1::SubmitJobResponse resp;
     grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
     if (!s.ok()) return RpcError(s);
-    const bool follow = std::find(args.begin(), args.end(), "--follow") != args.end();
     if (o.json && !follow) std::printf("%s\n", Json(resp.job()).c_str());
     if (!o.json) std::printf("submitted %s\n", resp.job().id().c_str());
     return follow ? Watch(*stub, o, resp.job().id(), false, 0, cancel_on_interrupt) : kOk;
   }
-  if (cmd == "watch" || cmd == "logs") {
-    if (!need(2)) return Fail(kUsage, cmd + " needs a job id");
-    int64_t from_step = 0;
-    for (size_t i = 2; i < args.size(); ++i)
-      if (args[i] == "--from-step") {
-        if (i + 1 >= args.size()) return Fail(kUsage, "--from-step needs a step number");
-        try {
-          from_step = std::stoll(args[i + 1]);
-        } catch (const std::exception&) {
-          return Fail(kUsage, "--from-step needs a step number, got '" + args[i + 1] + "'");
-        }
-      }
-    return Watch(*stub, o, args[1], cmd == "logs", from_step, cancel_on_interrupt);
-  }
-  if (cmd == "get" || cmd == "cancel") {
-    if (!need(2)) return Fail(kUsage, cmd + " needs a job id");
+  if (cmd == watch || cmd == logs) return Watch(*stub, o, id, cmd == logs, from_step, cancel_on_interrupt);
+  if (cmd == get || cmd == cancel) {
     grpc::ClientContext ctx;
     Prepare(ctx, o, 30);
     v1::Job job;
     grpc::Status s;
-    if (cmd == "get") {
+    if (cmd == get) {
       v1::GetJobRequest r;
-      r.set_id(args[1]);
+      r.set_id(id);
       v1::GetJobResponse resp;
       s = stub->GetJob(&ctx, r, &resp);
       job = resp.job();
     } else {
       v1::CancelJobRequest r;
-      r.set_id(args[1]);
+      r.set_id(id);
       v1::CancelJobResponse resp;
       s = stub->CancelJob(&ctx, r, &resp);
       job = resp.job();
@@ -329,14 +277,13 @@ int main(int argc, char** argv) {
     o.json ? (void)std::printf("%s\n", Json(job).c_str()) : PrintJob(job);
     return kOk;
   }
-  if (cmd == "list") {
+  if (cmd == list) {
     v1::ListJobsRequest r;
-    for (size_t i = 1; i + 1 < args.size(); ++i)
-      if (args[i] == "--state") {
-        v1::JobState st;
-        if (!v1::JobState_Parse(args[i + 1], &st)) return Fail(kUsage, "unknown state '" + args[i + 1] + "'");
-        r.set_state(st);
-      }
+    if (!state.empty()) {
+      v1::JobState st;
+      if (!v1::JobState_Parse(state, &st)) return Fail(kUsage, "unknown state '" + state + "'");
+      r.set_state(st);
+    }
     v1::ListJobsResponse all;
     do {
       grpc::ClientContext ctx;
@@ -354,7 +301,7 @@ int main(int argc, char** argv) {
     }
     return kOk;
   }
-  if (cmd == "status") {
+  if (cmd == status) {
     grpc::ClientContext ctx;
     Prepare(ctx, o, 10);
     v1::GetServerStatusRequest r;
@@ -376,5 +323,5 @@ int main(int argc, char** argv) {
     }
     return kOk;
   }
-  return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
+  return Fail(kUsage, "no such command (see --help)");
 }

@@ -59,6 +59,7 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(Threads REQUIRED)
 find_package(yaml-cpp REQUIRED)  # 0.7: target yaml-cpp
+find_package(CLI11 2.1 CONFIG REQUIRED)  # header-only: target CLI11::CLI11 (slided and slidectl flags)
 find_package(prometheus-cpp CONFIG REQUIRED)  # targets prometheus-cpp::core, prometheus-cpp::pull
 find_package(PkgConfig REQUIRED)
 # Tokenizer: PCRE2 for the pre-tokenizer regexes (Unicode properties), ICU for NFC normalization.

@@ -10,7 +10,7 @@ TORCH_VERSION=2.11.0
 apt_pkgs=(
   build-essential cmake ninja-build ccache pkg-config git python3-pip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev libyaml-cpp-dev liburing-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev libyaml-cpp-dev libcli11-dev liburing-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libpcre2-dev libicu-dev prometheus tmux openssl
 )
 

@@ -5,6 +5,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -24,17 +25,13 @@
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: slided [--config FILE] [--listen HOST:PORT] [--metrics-listen HOST:PORT|off] [--state-dir DIR]\n"
-    "              [--port-file PATH] [--metrics-port-file PATH] [--log-level debug|info|warning|error]\n"
-    "              [--print-default-config] [--check-config]\n"
-    "  With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on\n"
-    "  127.0.0.1:50151, metrics on 127.0.0.1:9464, state under $XDG_DATA_HOME/slideformer or\n"
-    "  ~/.local/share/slideformer. Port 0 picks a free port; --port-file / --metrics-port-file receive the\n"
-    "  bound ports. The bearer token comes from security.token, security.token_file or SLIDE_TOKEN; it is\n"
-    "  required to listen beyond loopback. --check-config validates the configuration (file, flags, token rule,\n"
-    "  addresses) and exits 0 without starting. Log lines go to stderr with a UTC time and a level\n"
-    "  (server.log_level, default info; debug adds every job's own log lines).\n";
+// Below the generated flag list.
+constexpr char kHelpFooter[] =
+    "With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on\n"
+    "127.0.0.1:50151, metrics on 127.0.0.1:9464, state under $XDG_DATA_HOME/slideformer or\n"
+    "~/.local/share/slideformer. Port 0 picks a free port. The bearer token comes from security.token,\n"
+    "security.token_file or SLIDE_TOKEN; it is required to listen beyond loopback. Log lines go to stderr with a\n"
+    "UTC time and a level (server.log_level, default info; debug adds every job's own log lines).";
 
 int Fail(const std::string& message) {
   slide::LogError(message);
@@ -51,41 +48,32 @@ void WritePortFile(const std::string& path, int port) {
 
 int main(int argc, char** argv) {
   std::string config_path, listen, metrics_listen, state_dir, port_file, metrics_port_file, log_level;
-  bool check_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    bool ok = true;
-    if (a == "--config") {
-      ok = value(&config_path);
-    } else if (a == "--listen") {
-      ok = value(&listen);
-    } else if (a == "--metrics-listen") {
-      ok = value(&metrics_listen);
-    } else if (a == "--state-dir") {
-      ok = value(&state_dir);
-    } else if (a == "--port-file") {
-      ok = value(&port_file);
-    } else if (a == "--metrics-port-file") {
-      ok = value(&metrics_port_file);
-    } else if (a == "--log-level") {
-      ok = value(&log_level);
-    } else if (a == "--check-config") {
-      check_only = true;
-    } else if (a == "--print-default-config") {
-      std::printf("%s", slide::kDefaultDaemonConfigYaml);
-      return 0;
-    } else if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    } else {
-      return Fail("unknown argument '" + a + "' (see --help)");
-    }
-    if (!ok) return Fail(a + " needs a value (see --help)");
+  bool check_only = false, print_defaults = false;
+  CLI::App app{"slided: the slideformer daemon (configuration: embedded defaults < --config FILE < flags)", "slided"};
+  app.footer(kHelpFooter);
+  app.add_option("--config", config_path,
+                 "YAML file overlaying the defaults (sections server, storage, security, "
+                 "jobs, nvme)");
+  app.add_option("--listen", listen, "gRPC address HOST:PORT");
+  app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address HOST:PORT, or off");
+  app.add_option("--state-dir", state_dir, "job records, event logs and checkpoints");
+  app.add_option("--port-file", port_file, "receives the bound gRPC port (useful with port 0)");
+  app.add_option("--metrics-port-file", metrics_port_file, "receives the bound metrics port");
+  app.add_option("--log-level", log_level, "debug, info, warning or error");
+  app.add_flag("--check-config", check_only,
+               "validate the configuration (file, flags, token rule, addresses) and exit 0 without starting");
+  app.add_flag("--print-default-config", print_defaults, "print the embedded defaults as YAML and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {  // unknown flags, stray words, missing values: one line naming them
+    return Fail(std::string(e.what()) + " (see --help)");
+  }
+  if (print_defaults) {
+    std::printf("%s", slide::kDefaultDaemonConfigYaml);
+    return 0;
   }
   auto loaded = slide::LoadDaemonConfig(config_path);
   if (!loaded.ok()) return Fail(loaded.status().message());

@@ -96,4 +96,25 @@ TEST(Deploy, ShippedDaemonConfigsPassCheckConfig) {
   EXPECT_EQ(RunSlided("--listen 127.0.0.1:99999 --check-config", &out), 2) << out;
 }
 
+// slided's flags: a misspelt flag, a stray word or a flag without its value stops the start with a line naming it;
+// --flag=value works as --flag value does.
+TEST(Deploy, SlidedRefusesUnknownFlagsAndMissingValues) {
+  std::string out;
+  EXPECT_EQ(RunSlided("--chek-config", &out), 2) << out;
+  EXPECT_NE(out.find("ERROR The following argument was not expected: --chek-config (see --help)"), std::string::npos)
+      << out;
+  out.clear();
+  EXPECT_EQ(RunSlided("serve --check-config", &out), 2) << out;
+  EXPECT_NE(out.find("not expected: serve"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunSlided("--check-config --config", &out), 2) << out;
+  EXPECT_NE(out.find("--config: 1 required TEXT missing"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunSlided("--check-config --listen=127.0.0.1:0 --metrics-listen off", &out), 0) << out;
+  EXPECT_NE(out.find("configuration OK (listen 127.0.0.1:0"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunSlided("--help", &out), 0) << out;
+  EXPECT_NE(out.find("--metrics-listen"), std::string::npos) << out;
+}
+
 }  // namespace

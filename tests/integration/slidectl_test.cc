@@ -145,16 +145,25 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   // A misspelt flag, a stray word or a flag without its value is an error naming it.
   r = Slidectl(addr + " submit " + WriteJob(d, "typo-flag", 5) + " --folow");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "slidectl: unknown flag '--folow' for submit (see submit --help)\n");
+  EXPECT_EQ(r.out, "slidectl: The following argument was not expected: --folow (see --help)\n");
   r = Slidectl(addr + " get job-000001 job-000002");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "slidectl: unexpected argument 'job-000002' for get\n");
+  EXPECT_EQ(r.out, "slidectl: The following argument was not expected: job-000002 (see --help)\n");
   r = Slidectl(addr + " watch job-000001 --from-step");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "slidectl: --from-step needs a value (see watch --help)\n");
+  EXPECT_EQ(r.out, "slidectl: --from-step: 1 required INT missing (see --help)\n");
+  r = Slidectl(addr + " watch job-000001 --from-step three");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: Could not convert: --from-step = three (see --help)\n");
   r = Slidectl("status --addr");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "slidectl: --addr needs a value (see --help)\n");
+  EXPECT_EQ(r.out, "slidectl: --addr: 1 required TEXT missing (see --help)\n");
+  r = Slidectl(addr + " submit");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: FILE.yaml is required (see --help)\n");
+  r = Slidectl(addr);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: no command (see --help)\n");
   r = Slidectl(addr + " submit /nonexistent/job.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("cannot open job file"), std::string::npos) << r.out;
@@ -163,6 +172,7 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   EXPECT_EQ(r.out, "slidectl: no job 'job-424242'\n");
   r = Slidectl(addr + " frobnicate");
   EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "slidectl: The following argument was not expected: frobnicate (see --help)\n");
   // A model that is not there is refused at submission (the daemon plans memory from its config.json).
   std::ofstream(d.Path("nomodel.yaml")) << "model_dir: /nonexistent/model\ndataset: x.jsonl\noutput_dir: out\n"
                                            "steps: 2\ndevice: cpu\n";
@@ -183,7 +193,8 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
   EXPECT_EQ(Slidectl("--help").code, 0);
   CliResult help = Slidectl("submit --help");
   EXPECT_EQ(help.code, 0);
-  EXPECT_NE(help.out.find("submit FILE.yaml [--follow]"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("Usage: slidectl submit [OPTIONS] FILE.yaml"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--follow"), std::string::npos) << help.out;
 }
 
 // A daemon with a token: slidectl without it exits 3 with the daemon's message; --token or SLIDE_TOKEN work.
