@@ -41,6 +41,18 @@ __global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restric
   }
 }
 
+// Sum over the block with one barrier: every thread adds the warps' sums itself. `scratch` (32 floats) may be
+// reused only after the next call's barrier, so callers alternate between two.
+__device__ __forceinline__ float BlockSumOneBarrier(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = WarpSum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+
 // The backward for rows of at most P packs per thread: the row (dy, x) stays in registers between the two
 // passes, the next row's loads (its rstd included: a load at the top of each row would put a memory latency on
 // every row's critical path) are issued before this row's block-wide reduction, so the reduction's latency is
@@ -50,7 +62,8 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
                                                const T* __restrict__ w, const float* __restrict__ rstd,
                                                T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
                                                int64_t cols) {
-  __shared__ float scratch[32];
+  __shared__ float scratch[2][32];  // alternate rows use alternate halves (one barrier per row)
+  int parity = 0;
   float dw_acc[P][V];
   Pack<T, V> pw[P], pdy[P], px[P], ndy[P], nx[P];
   auto column = [&](int k) { return (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V; };
@@ -81,7 +94,8 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
         dot += RoundTo<T>(ToFloat(pdy[k].v[i]) * ToFloat(pw[k].v[i])) * ToFloat(px[k].v[i]) * r;
     }
     if (row + gridDim.x < rows) load_row(row + gridDim.x, ndy, nx, &next_r);
-    const float mean = BlockSum(dot, scratch) / static_cast<float>(cols);
+    const float mean = BlockSumOneBarrier(dot, scratch[parity]) / static_cast<float>(cols);
+    parity ^= 1;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       if (column(k) >= cols) continue;
