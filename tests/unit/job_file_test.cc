@@ -1,0 +1,122 @@
+// Job files are read through the JobSpec schema: every field of slide.v1.JobSpec can be set from YAML by its own
+// name and type, path fields resolve against the file's directory, and bad keys or values name the line.
+#include "client/job_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using google::protobuf::FieldDescriptor;
+using slide::v1::JobSpec;
+
+class JobFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("job_file_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& text) {
+    const fs::path p = dir_ / "job.yaml";
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  fs::path dir_;
+};
+
+TEST_F(JobFileTest, EveryJobSpecFieldIsSetByItsNameAndType) {
+  const auto* d = JobSpec::descriptor();
+  const auto* r = JobSpec::GetReflection();
+  ASSERT_GT(d->field_count(), 30);
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    SCOPED_TRACE(f->name());
+    std::string value;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_STRING:
+        value = "sub/x";
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+      case FieldDescriptor::CPPTYPE_UINT64:
+      case FieldDescriptor::CPPTYPE_INT32:
+        value = "7";
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        value = "0.25";
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        value = "true";
+        break;
+      default:
+        FAIL() << "a JobSpec field of a type job files cannot set";
+    }
+    JobSpec spec;
+    ASSERT_EQ(slidectl::LoadJobFile(Write(f->name() + ": " + value + "\n"), &spec), "");
+    JobSpec only_this;  // nothing else was set
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_STRING: {
+        const bool is_path = f->options().GetExtension(slide::v1::path);
+        EXPECT_EQ(r->GetString(spec, f), is_path ? (dir_ / "sub/x").string() : "sub/x");
+        r->SetString(&only_this, f, r->GetString(spec, f));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT64:
+        EXPECT_EQ(r->GetInt64(spec, f), 7);
+        r->SetInt64(&only_this, f, 7);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        EXPECT_EQ(r->GetUInt64(spec, f), 7u);
+        r->SetUInt64(&only_this, f, 7);
+        break;
+      case FieldDescriptor::CPPTYPE_INT32:
+        EXPECT_EQ(r->GetInt32(spec, f), 7);
+        r->SetInt32(&only_this, f, 7);
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        EXPECT_EQ(r->GetDouble(spec, f), 0.25);
+        r->SetDouble(&only_this, f, 0.25);
+        break;
+      default:
+        EXPECT_TRUE(r->GetBool(spec, f));
+        r->SetBool(&only_this, f, true);
+    }
+    if (f->has_presence()) {  // an explicit value of an optional field counts
+      EXPECT_TRUE(r->HasField(spec, f));
+    }
+    EXPECT_EQ(spec.SerializeAsString(), only_this.SerializeAsString());
+  }
+}
+
+TEST_F(JobFileTest, AbsolutePathsStayAndAnExplicitZeroIsPresent) {
+  JobSpec spec;
+  ASSERT_EQ(slidectl::LoadJobFile(Write("model_dir: /models/llama\nbatch_size: 0\nlr: 0\n"), &spec), "");
+  EXPECT_EQ(spec.model_dir(), "/models/llama");
+  EXPECT_TRUE(spec.has_batch_size());  // the daemon refuses it rather than taking the default
+  EXPECT_TRUE(spec.has_lr());
+  EXPECT_FALSE(spec.has_epochs());
+}
+
+TEST_F(JobFileTest, BadKeysAndValuesNameTheLine) {
+  JobSpec spec;
+  const std::string path = Write("name: a\nlearning_rate: 0.1\n");
+  EXPECT_EQ(slidectl::LoadJobFile(path, &spec), path + ":2: unknown field 'learning_rate'");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("steps: 3\nsteps: 4\n"), &spec), path + ":2: field 'steps' is given twice");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("\nepochs: many\n"), &spec),
+            path + ":2: field 'epochs' has the wrong type ('many')");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("allow_seq_len_beyond_model: maybe\n"), &spec),
+            path + ":1: field 'allow_seq_len_beyond_model' has the wrong type ('maybe')");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("seed: -1\n"), &spec), path + ":1: field 'seed' has the wrong type ('-1')");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("lr: [1, 2]\n"), &spec), path + ":1: field 'lr' must be a single value");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("- steps\n"), &spec), path + ": a job file is a mapping of JobSpec fields");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("steps: [\n"), &spec).rfind(path + ":", 0), 0u);
+  EXPECT_NE(slidectl::LoadJobFile((dir_ / "missing.yaml").string(), &spec).find("cannot open job file"),
+            std::string::npos);
+}
+
+}  // namespace
