@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"slidectl: submit and watch fine-tuning jobs on a slided daemon", "slidectl"};
   app.footer(kHelpFooter);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   app.fallthrough();  // the global flags may also follow the command
   app.add_option("--addr", o.addr, "the daemon's gRPC address HOST:PORT (SLIDE_ADDR)");
   app.add_option("--token", o.token, "bearer token (SLIDE_TOKEN)");

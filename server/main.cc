@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   bool check_only = false, print_defaults = false;
   CLI::App app{"slided: the slideformer daemon (configuration: embedded defaults < --config FILE < flags)", "slided"};
   app.footer(kHelpFooter);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   app.add_option("--config", config_path,
                  "YAML file overlaying the defaults (sections server, storage, security, "
                  "jobs, nvme)");

@@ -1,5 +1,5 @@
-// The gRPC service: converts slide.v1 messages to engine structs and back, maps Status to gRPC codes, and
-// never touches the engine itself (JobManager owns it).
+// The gRPC service: converts slide.v1 messages to engine structs and back (job_proto.h), maps Status to gRPC
+// codes, and never touches the engine itself (JobManager owns it).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -43,8 +43,5 @@ class SlideService final : public v1::Slide::Service {
   ServiceOptions options_;
   std::atomic<bool> draining_{false};
 };
-
-// The engine struct a JobSpec message describes, with the daemon's defaults for unset fields.
-TrainingJobSpec SpecFromProto(const v1::JobSpec& p);
 
 }  // namespace slide

@@ -24,6 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "slide/v1/slide.grpc.pb.h"
 #include "tests/integration/daemon_calls.h"
@@ -251,6 +254,48 @@ TEST(DaemonState, DamagedFilesNeverTakeTheDaemonDown) {
   ASSERT_GT(third.port(), 0) << third.Log();
   EXPECT_EQ(third.Log().find("events.jsonl"), std::string::npos) << third.Log();
   EXPECT_FALSE(Events(third, bad_id).empty());
+}
+
+// The store keeps the API's own messages as proto JSON: record.json is the slide.v1.Job GetJob serves (the full
+// spec, defaults filled in), each events.jsonl line a slide.v1.JobEvent; a restarted daemon serves the same job.
+TEST(DaemonState, TheStoreHoldsTheApisMessagesAsProtoJson) {
+  using google::protobuf::util::MessageDifferencer;
+  auto parse = [](const std::string& text, google::protobuf::Message* m) {
+    return google::protobuf::util::JsonStringToMessage(text, m).ok();
+  };
+  Daemon first;
+  ASSERT_GT(first.port(), 0) << first.Log();
+  const std::string id = Submit(first, DemoJobSpec(first.Path("export"), 2));
+  ASSERT_EQ(WaitFor(
+                first, id, [](const v1::Job& j) { return j.state() == v1::SUCCEEDED; }, 60)
+                .state(),
+            v1::SUCCEEDED);
+  const v1::Job served = Get(first, id);
+  EXPECT_EQ(served.spec().adam_beta2(), 0.95);  // defaults the request left out are part of the spec
+  EXPECT_EQ(served.spec().log_every(), 1);
+  EXPECT_EQ(served.spec().lr_schedule(), "cosine");
+  EXPECT_EQ(first.Terminate(30), 0);
+
+  const std::string dir = first.state_dir() + "/jobs/" + id;
+  std::stringstream record;
+  record << std::ifstream(dir + "/record.json").rdbuf();
+  v1::Job stored;
+  ASSERT_TRUE(parse(record.str(), &stored)) << record.str();
+  EXPECT_TRUE(MessageDifferencer::Equals(stored, served)) << stored.DebugString() << served.DebugString();
+  std::ifstream events(dir + "/events.jsonl");
+  int metrics = 0, lines = 0;
+  for (std::string line; std::getline(events, line); ++lines) {
+    v1::JobEvent e;
+    ASSERT_TRUE(parse(line, &e)) << line;
+    EXPECT_EQ(e.seq(), lines + 1);
+    metrics += e.has_metrics();
+  }
+  EXPECT_EQ(metrics, 2);
+
+  Daemon second(DaemonOptions{.state_dir = first.state_dir()});
+  ASSERT_GT(second.port(), 0) << second.Log();
+  EXPECT_TRUE(MessageDifferencer::Equals(Get(second, id), served));
+  EXPECT_EQ(static_cast<int>(Events(second, id).size()), lines);
 }
 
 TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {

@@ -1,0 +1,227 @@
+#include "server/job_proto.h"
+
+namespace slide {
+
+v1::JobState StateToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued:
+      return v1::QUEUED;
+    case JobState::kPreparing:
+      return v1::PREPARING;
+    case JobState::kRunning:
+      return v1::RUNNING;
+    case JobState::kSucceeded:
+      return v1::SUCCEEDED;
+    case JobState::kFailed:
+      return v1::FAILED;
+    case JobState::kCancelled:
+      return v1::CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+StatusOr<JobState> StateFromProto(v1::JobState s) {
+  for (JobState j : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
+                     JobState::kFailed, JobState::kCancelled})
+    if (StateToProto(j) == s) return j;
+  return DataLoss("no job state " + std::to_string(static_cast<int>(s)));
+}
+
+void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec* p) {
+  p->set_name(name);
+  p->set_model_dir(s.model_dir);
+  p->set_dataset(s.dataset_path);
+  p->set_output_dir(s.output_dir);
+  p->set_steps(s.steps);
+  p->set_epochs(s.epochs);
+  p->set_batch_size(s.batch_size);
+  p->set_micro_batch_size(s.micro_batch_size);
+  p->set_seq_len(s.seq_len);
+  p->set_allow_seq_len_beyond_model(s.allow_seq_len_beyond_model);
+  p->set_lr(s.lr);
+  p->set_lr_schedule(s.lr_schedule);
+  p->set_warmup_steps(s.warmup_steps);
+  p->set_weight_decay(s.weight_decay);
+  p->set_max_grad_norm(s.max_grad_norm);
+  p->set_adam_beta1(s.adam_beta1);
+  p->set_adam_beta2(s.adam_beta2);
+  p->set_adam_eps(s.adam_eps);
+  p->set_seed(s.seed);
+  p->set_dataset_format(s.dataset_format);
+  p->set_chat_template(s.chat_template);
+  p->set_sequence_mode(s.sequence_mode);
+  p->set_bad_lines(s.bad_lines);
+  p->set_eval_fraction(s.eval_fraction);
+  p->set_device(s.device);
+  p->set_compute_dtype(s.compute_dtype);
+  p->set_gpu_budget_bytes(s.gpu_budget_bytes);
+  p->set_window(s.window);
+  p->set_activation_placement(s.activation_placement);
+  p->set_log_every(s.log_every);
+  p->set_checkpoint_every(s.checkpoint_every);
+  p->set_export_dtype(s.export_dtype);
+  p->set_nvme_state(s.nvme_state);
+}
+
+TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
+  TrainingJobSpec s;
+  s.model_dir = p.model_dir();
+  s.dataset_path = p.dataset();
+  s.output_dir = p.output_dir();
+  if (p.steps() != 0) s.steps = p.steps();
+  if (p.has_epochs()) s.epochs = p.epochs();
+  if (p.has_batch_size()) s.batch_size = p.batch_size();
+  if (p.micro_batch_size() != 0) s.micro_batch_size = p.micro_batch_size();
+  if (p.has_seq_len()) s.seq_len = p.seq_len();
+  if (p.has_lr()) s.lr = p.lr();
+  if (!p.lr_schedule().empty()) s.lr_schedule = p.lr_schedule();
+  if (p.warmup_steps() != 0) s.warmup_steps = p.warmup_steps();
+  if (p.weight_decay() != 0) s.weight_decay = p.weight_decay();
+  if (p.has_max_grad_norm()) s.max_grad_norm = p.max_grad_norm();
+  s.seed = p.seed();
+  if (p.has_adam_beta1()) s.adam_beta1 = p.adam_beta1();
+  if (p.has_adam_beta2()) s.adam_beta2 = p.adam_beta2();
+  if (p.has_adam_eps()) s.adam_eps = p.adam_eps();
+  if (p.has_log_every()) s.log_every = p.log_every();
+  if (!p.dataset_format().empty()) s.dataset_format = p.dataset_format();
+  if (!p.chat_template().empty()) s.chat_template = p.chat_template();
+  if (!p.sequence_mode().empty()) s.sequence_mode = p.sequence_mode();
+  if (!p.bad_lines().empty()) s.bad_lines = p.bad_lines();
+  s.eval_fraction = p.eval_fraction();
+  if (!p.device().empty()) s.device = p.device();
+  if (!p.compute_dtype().empty()) s.compute_dtype = p.compute_dtype();
+  if (p.has_gpu_budget_bytes()) s.gpu_budget_bytes = p.gpu_budget_bytes();
+  s.window = p.window();
+  if (!p.activation_placement().empty()) s.activation_placement = p.activation_placement();
+  s.checkpoint_every = p.checkpoint_every();
+  if (!p.export_dtype().empty()) s.export_dtype = p.export_dtype();
+  s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
+  if (!p.nvme_state().empty()) s.nvme_state = p.nvme_state();
+  return s;
+}
+
+void JobToProto(const JobRecord& r, v1::Job* out) {
+  out->set_id(r.id);
+  SpecToProto(r.name, r.spec, out->mutable_spec());
+  out->set_state(StateToProto(r.state));
+  out->set_step(r.step);
+  out->set_total_steps(r.total_steps);
+  out->set_loss(r.loss);
+  out->set_eval_loss(r.eval_loss);
+  out->set_error(r.error);
+  out->set_export_dir(r.export_dir);
+  out->set_created_unix_ms(r.created_unix_ms);
+  out->set_finished_unix_ms(r.finished_unix_ms);
+}
+
+StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
+  if (j.id().empty()) return DataLoss("a job without an id");
+  JobRecord r;
+  r.id = j.id();
+  r.name = j.spec().name();
+  r.spec = SpecFromProto(j.spec());
+  SLIDE_ASSIGN_OR_RETURN(r.state, StateFromProto(j.state()));
+  r.step = j.step();
+  r.total_steps = j.total_steps();
+  r.loss = j.loss();
+  r.eval_loss = j.eval_loss();
+  r.error = j.error();
+  r.export_dir = j.export_dir();
+  r.created_unix_ms = j.created_unix_ms();
+  r.finished_unix_ms = j.finished_unix_ms();
+  return r;
+}
+
+void MetricsToProto(const TrainingStepEvent& s, bool replayed, v1::StepMetrics* m) {
+  m->set_step(s.step);
+  m->set_total_steps(s.total_steps);
+  m->set_loss(s.loss);
+  m->set_lr(s.lr);
+  m->set_grad_norm(s.grad_norm);
+  m->set_tokens_per_second(s.tokens_per_second);
+  m->set_model_tflops(s.model_tflops);
+  m->set_step_seconds(s.step_seconds);
+  m->set_compute_seconds(s.compute_seconds);
+  m->set_h2d_seconds(s.h2d_seconds);
+  m->set_d2h_seconds(s.d2h_seconds);
+  m->set_cpu_update_seconds(s.cpu_update_seconds);
+  m->set_update_wait_seconds(s.update_wait_seconds);
+  m->set_overlap_ratio(s.overlap_ratio);
+  m->set_bounded_by(s.bounded_by);
+  m->set_device_bytes(s.device_bytes);
+  m->set_host_bytes(s.host_bytes);
+  m->set_pinned_bytes(s.pinned_bytes);
+  m->set_nvme_wait_seconds(s.nvme_wait_seconds);
+  m->set_nvme_read_bytes(s.nvme_read_bytes);
+  m->set_nvme_written_bytes(s.nvme_written_bytes);
+  m->set_nvme_backend(s.nvme_backend);
+  m->set_replayed(replayed);
+}
+
+TrainingStepEvent MetricsFromProto(const v1::StepMetrics& m) {
+  TrainingStepEvent s;
+  s.step = m.step();
+  s.total_steps = m.total_steps();
+  s.loss = m.loss();
+  s.lr = m.lr();
+  s.grad_norm = m.grad_norm();
+  s.tokens_per_second = m.tokens_per_second();
+  s.model_tflops = m.model_tflops();
+  s.step_seconds = m.step_seconds();
+  s.compute_seconds = m.compute_seconds();
+  s.h2d_seconds = m.h2d_seconds();
+  s.d2h_seconds = m.d2h_seconds();
+  s.cpu_update_seconds = m.cpu_update_seconds();
+  s.update_wait_seconds = m.update_wait_seconds();
+  s.overlap_ratio = m.overlap_ratio();
+  s.bounded_by = m.bounded_by();
+  s.device_bytes = m.device_bytes();
+  s.host_bytes = m.host_bytes();
+  s.pinned_bytes = m.pinned_bytes();
+  s.nvme_wait_seconds = m.nvme_wait_seconds();
+  s.nvme_read_bytes = m.nvme_read_bytes();
+  s.nvme_written_bytes = m.nvme_written_bytes();
+  s.nvme_backend = m.nvme_backend();
+  return s;
+}
+
+void EventToProto(const JobEventRecord& e, v1::JobEvent* out) {
+  out->set_seq(e.seq);
+  switch (e.kind) {
+    case JobEventRecord::Kind::kState:
+      out->set_state(StateToProto(e.state));
+      break;
+    case JobEventRecord::Kind::kLog:
+      out->set_log(e.log);
+      break;
+    case JobEventRecord::Kind::kMetrics:
+      MetricsToProto(e.metrics, e.replayed, out->mutable_metrics());
+      break;
+  }
+}
+
+StatusOr<JobEventRecord> EventFromProto(const v1::JobEvent& e) {
+  JobEventRecord r;
+  r.seq = e.seq();
+  switch (e.kind_case()) {
+    case v1::JobEvent::kMetrics:
+      r.kind = JobEventRecord::Kind::kMetrics;
+      r.metrics = MetricsFromProto(e.metrics());
+      r.replayed = e.metrics().replayed();
+      break;
+    case v1::JobEvent::kState: {
+      r.kind = JobEventRecord::Kind::kState;
+      SLIDE_ASSIGN_OR_RETURN(r.state, StateFromProto(e.state()));
+      break;
+    }
+    case v1::JobEvent::kLog:
+      r.kind = JobEventRecord::Kind::kLog;
+      r.log = e.log();
+      break;
+    default:
+      return DataLoss("an event without metrics, state or log");
+  }
+  return r;
+}
+
+}  // namespace slide
