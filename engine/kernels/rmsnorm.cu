@@ -123,100 +123,6 @@ __global__ void RmsNormBackwardRegistersKernel(const T* __restrict__ dy, const T
   }
 }
 
-// cp.async (sm_80+): 16 bytes global -> shared without passing through registers.
-__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void CommitAsync() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void WaitAsync() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// The backward for rows of at most P packs per thread, with the rows staged in shared memory: each thread copies its
-// own packs of the next kStages - 1 rows (dy, x) with cp.async and reads only those, so no barrier guards the
-// stages; the registers hold only the weights and the thread's weight-gradient share. Holding rows in registers
-// instead capped the kernel at two blocks and one row in flight per SM; here a block keeps two rows in flight
-// and more blocks fit.
-constexpr int kStages = 3;
-template <class T, int V, int P>
-__global__ void RmsNormBackwardStagedKernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                            const float* __restrict__ rstd, T* __restrict__ dx,
-                                            float* __restrict__ partial, int64_t rows, int64_t cols) {
-  extern __shared__ __align__(16) unsigned char staged[];  // [kStages][2][cols] of T: dy, then x
-  __shared__ float scratch[2][32];
-  int parity = 0;
-  T* const stage0 = reinterpret_cast<T*>(staged);
-  auto stage_dy = [&](int s) { return stage0 + static_cast<int64_t>(s) * 2 * cols; };
-  auto stage_x = [&](int s) { return stage0 + (static_cast<int64_t>(s) * 2 + 1) * cols; };
-  auto column = [&](int k) { return (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * V; };
-  auto fetch = [&](int64_t row, int s) {
-    if (row < rows) {
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
-        if (column(k) >= cols) continue;
-        CopyAsync16(stage_dy(s) + column(k), dy + row * cols + column(k));
-        CopyAsync16(stage_x(s) + column(k), x + row * cols + column(k));
-      }
-    }
-    CommitAsync();  // an empty group past the last row keeps the wait count uniform
-  };
-  float dw_acc[P][V];
-  Pack<T, V> pw[P];
-#pragma unroll
-  for (int k = 0; k < P; ++k) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) dw_acc[k][i] = 0.f;
-    if (column(k) < cols) pw[k] = LoadPack<T, V>(w + column(k));
-  }
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) fetch(blockIdx.x + static_cast<int64_t>(s) * gridDim.x, s);
-  float r = blockIdx.x < rows ? rstd[blockIdx.x] : 0.f;
-  int stage = 0;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t ahead = row + static_cast<int64_t>(kStages - 1) * gridDim.x;
-    fetch(ahead, (stage + kStages - 1) % kStages);  // the stage read one row ago, by this thread only
-    const float next_r = row + gridDim.x < rows ? rstd[row + gridDim.x] : 0.f;
-    WaitAsync<kStages - 1>();  // this row's copies have landed
-    const T* sdy = stage_dy(stage);
-    const T* sx = stage_x(stage);
-    float dot = 0.f;  // sum(dn * n)
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      if (column(k) >= cols) continue;
-      const Pack<T, V> pdy = LoadPack<T, V>(sdy + column(k)), px = LoadPack<T, V>(sx + column(k));
-#pragma unroll
-      for (int i = 0; i < V; ++i) dot += RoundTo<T>(ToFloat(pdy.v[i]) * ToFloat(pw[k].v[i])) * ToFloat(px.v[i]) * r;
-    }
-    const float mean = BlockSumOneBarrier(dot, scratch[parity]) / static_cast<float>(cols);
-    parity ^= 1;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      if (column(k) >= cols) continue;
-      const Pack<T, V> pdy = LoadPack<T, V>(sdy + column(k)), px = LoadPack<T, V>(sx + column(k));
-      Pack<T, V> out;
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float n = ToFloat(px.v[i]) * r;
-        const float dn = RoundTo<T>(ToFloat(pdy.v[i]) * ToFloat(pw[k].v[i]));
-        out.v[i] = FromFloat<T>(r * (dn - n * mean));
-        dw_acc[k][i] += ToFloat(pdy.v[i]) * RoundTo<T>(n);
-      }
-      StorePack<T, V>(dx + row * cols + column(k), out);
-    }
-    r = next_r;
-    stage = (stage + 1) % kStages;
-  }
-  WaitAsync<0>();  // no copy may still target shared memory when the block exits
-#pragma unroll
-  for (int k = 0; k < P; ++k) {
-    if (column(k) >= cols) continue;
-#pragma unroll
-    for (int i = 0; i < V; ++i) partial[blockIdx.x * cols + column(k) + i] = dw_acc[k][i];
-  }
-}
-
 template <class T, int V>
 __global__ void RmsNormBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                       const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
@@ -324,28 +230,17 @@ cudaError_t RmsNormBackward(DType t, const void* dy, const void* x, const void* 
     if (rows == 0) {
       cudaMemsetAsync(partial, 0, static_cast<size_t>(parts) * shared, stream);
     } else if (packs && per_thread <= 4) {
-      auto* kernel = per_thread <= 1   ? RmsNormBackwardStagedKernel<T, V, 1>
-                     : per_thread <= 2 ? RmsNormBackwardStagedKernel<T, V, 2>
-                                       : RmsNormBackwardStagedKernel<T, V, 4>;
-      const size_t stages = static_cast<size_t>(kStages) * 2 * cols * sizeof(T);
-      int device = 0, optin = 0, sms = 0, per_sm = 0;
-      if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-      if (const cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-          e != cudaSuccess)
-        return e;
-      if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
-        return e;
-      if (stages + 2 * 32 * sizeof(float) > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
-      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     optin - static_cast<int>(2 * 32 * sizeof(float)));
-          e != cudaSuccess)
-        return e;
+      auto* kernel = per_thread <= 1   ? RmsNormBackwardRegistersKernel<T, V, 1>
+                     : per_thread <= 2 ? RmsNormBackwardRegistersKernel<T, V, 2>
+                                       : RmsNormBackwardRegistersKernel<T, V, 4>;
       // One wave: as many stripes as blocks fit at once (a second, partial wave would idle most SMs).
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, stages) == cudaSuccess && per_sm > 0)
+      int per_sm = 0, device = 0, sms = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
+          cudaGetDevice(&device) == cudaSuccess &&
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && per_sm > 0)
         parts = std::min(parts, per_sm * sms);
-      kernel<<<parts, threads, stages, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                 static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows,
-                                                 cols);
+      kernel<<<parts, threads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                            static_cast<const T*>(w), rstd, static_cast<T*>(dx), partial, rows, cols);
     } else {
       auto* kernel = packs ? RmsNormBackwardKernel<T, V> : RmsNormBackwardKernel<T, 1>;
       // The weight-gradient share lives in dynamic shared memory: past 32 KiB (with the static scratch) the
