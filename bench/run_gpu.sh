@@ -13,7 +13,8 @@
 #   bench/run_gpu.sh peers   ours (sliding_bench) beside plain PyTorch + HF, FSDP2 CPU offload and DeepSpeed
 #                            ZeRO-3 offload (bench/peers/peer_train.py; DeepSpeed from the wheels in .peer-wheels,
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
-#   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=)
+#   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
+#                            KERNEL_TESTS_ONLY=1 leaves out the HF parity and engine CUDA tests)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
 #                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
 #   bench/run_gpu.sh matrix  sliding_bench over MATRIX_RUNS="shape:batch:max_grad_norm ..." as slided runs GPU jobs
