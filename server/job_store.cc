@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <algorithm>
 #include <cstdio>
@@ -38,6 +39,23 @@ Status FromJson(const std::string& text, google::protobuf::Message* m) {
   const auto st = google::protobuf::util::JsonStringToMessage(text, m, o);
   if (!st.ok()) return DataLoss(std::string(st.message()));
   return Status::Ok();
+}
+
+// Records written before the store kept slide.v1.Job (up to 3b5b7b6) had the job's name beside the spec and the
+// dataset under the engine's name, dataset_path; the proto reader skips both, so they are taken from the text.
+void AdoptLegacyNames(const std::string& text, v1::Job* job) {
+  if (text.find("\"dataset_path\"") == std::string::npos) return;
+  google::protobuf::Struct legacy;
+  if (!google::protobuf::util::JsonStringToMessage(text, &legacy).ok()) return;
+  const auto& top = legacy.fields();
+  if (auto name = top.find("name"); name != top.end() && name->second.has_string_value() && job->spec().name().empty())
+    job->mutable_spec()->set_name(name->second.string_value());
+  auto spec = top.find("spec");
+  if (spec == top.end() || !spec->second.has_struct_value()) return;
+  const auto& fields = spec->second.struct_value().fields();
+  if (auto d = fields.find("dataset_path");
+      d != fields.end() && d->second.has_string_value() && job->spec().dataset().empty())
+    job->mutable_spec()->set_dataset(d->second.string_value());
 }
 
 }  // namespace
@@ -114,6 +132,7 @@ std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::str
     StoredJob job;
     v1::Job proto;
     Status parsed = FromJson(text.value(), &proto);
+    if (parsed.ok()) AdoptLegacyNames(text.value(), &proto);
     auto r = parsed.ok() ? JobFromProto(proto) : StatusOr<JobRecord>(parsed);
     if (!r.ok()) {
       problems->push_back(record_path + ": " + r.status().message());

@@ -298,6 +298,40 @@ TEST(DaemonState, TheStoreHoldsTheApisMessagesAsProtoJson) {
   EXPECT_EQ(static_cast<int>(Events(second, id).size()), lines);
 }
 
+// A state directory written before the store kept slide.v1.Job (3b5b7b6's format: the name beside the spec, the
+// dataset as dataset_path, a diverged loss as null) still loads whole.
+TEST(DaemonState, RecordsOfTheEarlierFormatStillLoad) {
+  const fs::path state = fs::temp_directory_path() / ("slided-legacy-" + std::to_string(getpid()));
+  fs::create_directories(state / "jobs" / "job-000007");
+  std::ofstream(state / "jobs" / "job-000007" / "record.json")
+      << R"({"created_unix_ms": 1764770000000, "error": "", "eval_loss": -1.0, "export_dir": "/out/x",
+            "finished_unix_ms": 1764770060000, "id": "job-000007", "loss": null, "name": "old-job",
+            "spec": {"batch_size": 4, "dataset_path": "/data/train.jsonl", "model_dir": "/models/m",
+                     "output_dir": "/out", "steps": 3, "lr_schedule": "linear", "checkpoint_dir": "/gone",
+                     "seed": 11}, "state": "SUCCEEDED", "step": 3, "total_steps": 3})";
+  std::ofstream(state / "jobs" / "job-000007" / "events.jsonl")
+      << R"({"seq": 1, "state": "RUNNING"})"
+      << "\n"
+      << R"({"seq": 2, "metrics": {"step": 3, "total_steps": 3, "loss": 2.5, "bounded_by": "cpu_update"}})"
+      << "\n";
+  Daemon d(DaemonOptions{.state_dir = state.string()});
+  ASSERT_GT(d.port(), 0) << d.Log();
+  EXPECT_EQ(d.Log().find("skipped"), std::string::npos) << d.Log();
+  const v1::Job job = Get(d, "job-000007");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.spec().name(), "old-job");
+  EXPECT_EQ(job.spec().dataset(), "/data/train.jsonl");
+  EXPECT_EQ(job.spec().model_dir(), "/models/m");
+  EXPECT_EQ(job.spec().lr_schedule(), "linear");
+  EXPECT_EQ(job.spec().batch_size(), 4);
+  EXPECT_EQ(job.spec().seed(), 11u);
+  EXPECT_EQ(job.export_dir(), "/out/x");
+  EXPECT_EQ(job.loss(), 2.5);  // progress comes from the newest metrics event
+  EXPECT_EQ(Events(d, "job-000007").size(), 2u);
+  EXPECT_EQ(d.Terminate(30), 0);
+  fs::remove_all(state);
+}
+
 TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
   const fs::path root = fs::temp_directory_path() / ("slided-roots-" + std::to_string(getpid()));
   fs::create_directories(root / "jobs");
