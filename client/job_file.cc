@@ -6,6 +6,8 @@
 #include <functional>
 #include <set>
 
+#include "proto/enum_short_names.h"
+
 namespace slidectl {
 namespace {
 
@@ -38,6 +40,8 @@ void SetField(JobSpec* spec, const google::protobuf::FieldDescriptor* f, const Y
       return r->SetDouble(spec, f, n.as<double>());
     case FD::CPPTYPE_BOOL:
       return r->SetBool(spec, f, n.as<bool>());
+    case FD::CPPTYPE_ENUM:  // by short name (the caller checked that it names a value)
+      return r->SetEnum(spec, f, slide::v1::FindEnumValueByShortName(f->enum_type(), n.Scalar()));
     default:  // the schema grew a type job files do not speak yet: refuse rather than guess
       throw YAML::BadConversion(n.Mark());
   }
@@ -68,6 +72,10 @@ std::string LoadJobFile(const std::string& path, JobSpec* spec) {
     const google::protobuf::FieldDescriptor* f = JobSpec::descriptor()->FindFieldByName(key);
     if (f == nullptr) return Where(path, it->first) + ": unknown field '" + key + "'";
     if (!it->second.IsScalar()) return Where(path, it->second) + ": field '" + key + "' must be a single value";
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_ENUM &&
+        slide::v1::FindEnumValueByShortName(f->enum_type(), it->second.Scalar()) == nullptr)
+      return Where(path, it->second) + ": field '" + key + "' must be " + slide::v1::EnumShortNameList(f->enum_type()) +
+             ", got '" + it->second.Scalar() + "'";
     try {
       SetField(spec, f, it->second, abs_path);
     } catch (const YAML::BadConversion&) {

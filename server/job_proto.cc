@@ -1,6 +1,75 @@
 #include "server/job_proto.h"
 
+#include <google/protobuf/generated_enum_reflection.h>
+
+#include "proto/enum_short_names.h"
+
 namespace slide {
+namespace {
+
+// The spec's choices: each API value beside the engine's, one table per choice. UNSPECIFIED (0) is not in
+// them: it keeps the engine's default.
+template <typename P, typename E>
+struct Choice {
+  P api;
+  E engine;
+};
+constexpr Choice<v1::LrSchedule, LrScheduleKind> kLrSchedules[] = {
+    {v1::LR_SCHEDULE_CONSTANT, LrScheduleKind::kConstant},
+    {v1::LR_SCHEDULE_LINEAR, LrScheduleKind::kLinear},
+    {v1::LR_SCHEDULE_COSINE, LrScheduleKind::kCosine}};
+constexpr Choice<v1::DatasetFormat, DatasetFormat> kDatasetFormats[] = {
+    {v1::DATASET_FORMAT_AUTO, DatasetFormat::kAuto},
+    {v1::DATASET_FORMAT_TEXT, DatasetFormat::kText},
+    {v1::DATASET_FORMAT_PROMPT_COMPLETION, DatasetFormat::kPromptCompletion},
+    {v1::DATASET_FORMAT_MESSAGES, DatasetFormat::kMessages},
+    {v1::DATASET_FORMAT_TOKENS, DatasetFormat::kTokens}};
+constexpr Choice<v1::ChatTemplate, ChatTemplate> kChatTemplates[] = {{v1::CHAT_TEMPLATE_LLAMA3, ChatTemplate::kLlama3},
+                                                                     {v1::CHAT_TEMPLATE_CHATML, ChatTemplate::kChatML}};
+constexpr Choice<v1::SequenceMode, SequenceMode> kSequenceModes[] = {
+    {v1::SEQUENCE_MODE_PACK, SequenceMode::kPack}, {v1::SEQUENCE_MODE_TRUNCATE, SequenceMode::kTruncate}};
+constexpr Choice<v1::BadLines, BadLinePolicy> kBadLines[] = {{v1::BAD_LINES_FAIL, BadLinePolicy::kFail},
+                                                             {v1::BAD_LINES_SKIP, BadLinePolicy::kSkip}};
+constexpr Choice<v1::Device, DeviceChoice> kDevices[] = {{v1::DEVICE_AUTO, DeviceChoice::kAuto},
+                                                         {v1::DEVICE_CPU, DeviceChoice::kCpu},
+                                                         {v1::DEVICE_CUDA, DeviceChoice::kCuda}};
+constexpr Choice<v1::ComputeDtype, ComputeDtypeChoice> kComputeDtypes[] = {
+    {v1::COMPUTE_DTYPE_AUTO, ComputeDtypeChoice::kAuto},
+    {v1::COMPUTE_DTYPE_BF16, ComputeDtypeChoice::kBf16},
+    {v1::COMPUTE_DTYPE_FP32, ComputeDtypeChoice::kFp32}};
+constexpr Choice<v1::ActivationPlacement, CheckpointPlacement> kPlacements[] = {
+    {v1::ACTIVATION_PLACEMENT_AUTO, CheckpointPlacement::kAuto},
+    {v1::ACTIVATION_PLACEMENT_DEVICE, CheckpointPlacement::kDevice},
+    {v1::ACTIVATION_PLACEMENT_HOST, CheckpointPlacement::kHost}};
+constexpr Choice<v1::ExportDtype, ExportDtype> kExportDtypes[] = {{v1::EXPORT_DTYPE_BF16, ExportDtype::kBf16},
+                                                                  {v1::EXPORT_DTYPE_FP32, ExportDtype::kFp32}};
+constexpr Choice<v1::NvmeState, TierMode> kNvmeStates[] = {
+    {v1::NVME_STATE_NONE, TierMode::kNone},
+    {v1::NVME_STATE_MOMENTS, TierMode::kMoments},
+    {v1::NVME_STATE_MOMENTS_AND_MASTER, TierMode::kMomentsAndMaster}};
+
+template <typename P, typename E, size_t N>
+P ToApi(const Choice<P, E> (&table)[N], E value) {
+  for (const auto& c : table)
+    if (c.engine == value) return c.api;
+  return P{};  // unreachable while every table lists every engine value
+}
+
+// A value a client may have sent as a bare number (proto3 enums are open): one the schema does not know fails
+// the request, naming the field and the values it takes.
+template <typename P, typename E, size_t N>
+Status FromApi(const Choice<P, E> (&table)[N], int value, const char* field, E* out) {
+  if (value == 0) return Status::Ok();
+  for (const auto& c : table)
+    if (static_cast<int>(c.api) == value) {
+      *out = c.engine;
+      return Status::Ok();
+    }
+  return InvalidArgument(std::string("job field '") + field + "' has no value " + std::to_string(value) +
+                         " (it takes " + v1::EnumShortNameList(google::protobuf::GetEnumDescriptor<P>()) + ")");
+}
+
+}  // namespace
 
 v1::JobState StateToProto(JobState s) {
   switch (s) {
@@ -39,7 +108,7 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_seq_len(s.seq_len);
   p->set_allow_seq_len_beyond_model(s.allow_seq_len_beyond_model);
   p->set_lr(s.lr);
-  p->set_lr_schedule(s.lr_schedule);
+  p->set_lr_schedule(ToApi(kLrSchedules, s.lr_schedule));
   p->set_warmup_steps(s.warmup_steps);
   p->set_weight_decay(s.weight_decay);
   p->set_max_grad_norm(s.max_grad_norm);
@@ -47,23 +116,23 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_adam_beta2(s.adam_beta2);
   p->set_adam_eps(s.adam_eps);
   p->set_seed(s.seed);
-  p->set_dataset_format(s.dataset_format);
-  p->set_chat_template(s.chat_template);
-  p->set_sequence_mode(s.sequence_mode);
-  p->set_bad_lines(s.bad_lines);
+  p->set_dataset_format(ToApi(kDatasetFormats, s.dataset_format));
+  p->set_chat_template(ToApi(kChatTemplates, s.chat_template));
+  p->set_sequence_mode(ToApi(kSequenceModes, s.sequence_mode));
+  p->set_bad_lines(ToApi(kBadLines, s.bad_lines));
   p->set_eval_fraction(s.eval_fraction);
-  p->set_device(s.device);
-  p->set_compute_dtype(s.compute_dtype);
+  p->set_device(ToApi(kDevices, s.device));
+  p->set_compute_dtype(ToApi(kComputeDtypes, s.compute_dtype));
   p->set_gpu_budget_bytes(s.gpu_budget_bytes);
   p->set_window(s.window);
-  p->set_activation_placement(s.activation_placement);
+  p->set_activation_placement(ToApi(kPlacements, s.activation_placement));
   p->set_log_every(s.log_every);
   p->set_checkpoint_every(s.checkpoint_every);
-  p->set_export_dtype(s.export_dtype);
-  p->set_nvme_state(s.nvme_state);
+  p->set_export_dtype(ToApi(kExportDtypes, s.export_dtype));
+  p->set_nvme_state(ToApi(kNvmeStates, s.nvme_state));
 }
 
-TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
+StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   TrainingJobSpec s;
   s.model_dir = p.model_dir();
   s.dataset_path = p.dataset();
@@ -74,7 +143,7 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   if (p.micro_batch_size() != 0) s.micro_batch_size = p.micro_batch_size();
   if (p.has_seq_len()) s.seq_len = p.seq_len();
   if (p.has_lr()) s.lr = p.lr();
-  if (!p.lr_schedule().empty()) s.lr_schedule = p.lr_schedule();
+  SLIDE_RETURN_IF_ERROR(FromApi(kLrSchedules, p.lr_schedule(), "lr_schedule", &s.lr_schedule));
   if (p.warmup_steps() != 0) s.warmup_steps = p.warmup_steps();
   if (p.weight_decay() != 0) s.weight_decay = p.weight_decay();
   if (p.has_max_grad_norm()) s.max_grad_norm = p.max_grad_norm();
@@ -83,20 +152,21 @@ TrainingJobSpec SpecFromProto(const v1::JobSpec& p) {
   if (p.has_adam_beta2()) s.adam_beta2 = p.adam_beta2();
   if (p.has_adam_eps()) s.adam_eps = p.adam_eps();
   if (p.has_log_every()) s.log_every = p.log_every();
-  if (!p.dataset_format().empty()) s.dataset_format = p.dataset_format();
-  if (!p.chat_template().empty()) s.chat_template = p.chat_template();
-  if (!p.sequence_mode().empty()) s.sequence_mode = p.sequence_mode();
-  if (!p.bad_lines().empty()) s.bad_lines = p.bad_lines();
+  SLIDE_RETURN_IF_ERROR(FromApi(kDatasetFormats, p.dataset_format(), "dataset_format", &s.dataset_format));
+  SLIDE_RETURN_IF_ERROR(FromApi(kChatTemplates, p.chat_template(), "chat_template", &s.chat_template));
+  SLIDE_RETURN_IF_ERROR(FromApi(kSequenceModes, p.sequence_mode(), "sequence_mode", &s.sequence_mode));
+  SLIDE_RETURN_IF_ERROR(FromApi(kBadLines, p.bad_lines(), "bad_lines", &s.bad_lines));
   s.eval_fraction = p.eval_fraction();
-  if (!p.device().empty()) s.device = p.device();
-  if (!p.compute_dtype().empty()) s.compute_dtype = p.compute_dtype();
+  SLIDE_RETURN_IF_ERROR(FromApi(kDevices, p.device(), "device", &s.device));
+  SLIDE_RETURN_IF_ERROR(FromApi(kComputeDtypes, p.compute_dtype(), "compute_dtype", &s.compute_dtype));
   if (p.has_gpu_budget_bytes()) s.gpu_budget_bytes = p.gpu_budget_bytes();
   s.window = p.window();
-  if (!p.activation_placement().empty()) s.activation_placement = p.activation_placement();
+  SLIDE_RETURN_IF_ERROR(
+      FromApi(kPlacements, p.activation_placement(), "activation_placement", &s.activation_placement));
   s.checkpoint_every = p.checkpoint_every();
-  if (!p.export_dtype().empty()) s.export_dtype = p.export_dtype();
+  SLIDE_RETURN_IF_ERROR(FromApi(kExportDtypes, p.export_dtype(), "export_dtype", &s.export_dtype));
   s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
-  if (!p.nvme_state().empty()) s.nvme_state = p.nvme_state();
+  SLIDE_RETURN_IF_ERROR(FromApi(kNvmeStates, p.nvme_state(), "nvme_state", &s.nvme_state));
   return s;
 }
 
@@ -119,7 +189,7 @@ StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
   JobRecord r;
   r.id = j.id();
   r.name = j.spec().name();
-  r.spec = SpecFromProto(j.spec());
+  SLIDE_ASSIGN_OR_RETURN(r.spec, SpecFromProto(j.spec()));
   SLIDE_ASSIGN_OR_RETURN(r.state, StateFromProto(j.state()));
   r.step = j.step();
   r.total_steps = j.total_steps();

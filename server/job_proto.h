@@ -15,8 +15,9 @@ StatusOr<JobState> StateFromProto(v1::JobState s);
 // The spec as it runs: every field, defaults filled in, so what is served and stored is what the engine got.
 void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec* p);
 // The engine struct a JobSpec message describes, with the daemon's defaults for unset fields. The daemon-owned
-// fields (allowed roots, NVMe directories, checkpoint directory) are not in the message.
-TrainingJobSpec SpecFromProto(const v1::JobSpec& p);
+// fields (allowed roots, NVMe directories, checkpoint directory) are not in the message. A choice the schema
+// does not know (an open enum's bare number) is INVALID_ARGUMENT naming the field.
+StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p);
 
 void JobToProto(const JobRecord& r, v1::Job* out);
 StatusOr<JobRecord> JobFromProto(const v1::Job& j);

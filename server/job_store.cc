@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "engine/common/files.h"
+#include "proto/enum_short_names.h"
 #include "server/job_proto.h"
 #include "server/log.h"
 
@@ -41,8 +42,9 @@ Status FromJson(const std::string& text, google::protobuf::Message* m) {
   return Status::Ok();
 }
 
-// Records written before the store kept slide.v1.Job (up to 3b5b7b6) had the job's name beside the spec and the
-// dataset under the engine's name, dataset_path; the proto reader skips both, so they are taken from the text.
+// Records written before the store kept slide.v1.Job (up to 3b5b7b6) had the job's name beside the spec, the
+// dataset under the engine's name, dataset_path, and the choices as short names ("linear"); the proto reader skips
+// all three, so they are taken from the text.
 void AdoptLegacyNames(const std::string& text, v1::Job* job) {
   if (text.find("\"dataset_path\"") == std::string::npos) return;
   google::protobuf::Struct legacy;
@@ -56,6 +58,15 @@ void AdoptLegacyNames(const std::string& text, v1::Job* job) {
   if (auto d = fields.find("dataset_path");
       d != fields.end() && d->second.has_string_value() && job->spec().dataset().empty())
     job->mutable_spec()->set_dataset(d->second.string_value());
+  v1::JobSpec* out = job->mutable_spec();
+  const google::protobuf::Descriptor* schema = v1::JobSpec::descriptor();
+  for (int i = 0; i < schema->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = schema->field(i);
+    auto value = fields.find(f->name());
+    if (f->enum_type() == nullptr || value == fields.end() || !value->second.has_string_value()) continue;
+    if (const auto* v = v1::FindEnumValueByShortName(f->enum_type(), value->second.string_value()))
+      out->GetReflection()->SetEnum(out, f, v);
+  }
 }
 
 }  // namespace

@@ -60,9 +60,10 @@ grpc::Status SlideService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJ
                                      v1::SubmitJobResponse* resp) {
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   if (draining_) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
-  TrainingJobSpec spec = SpecFromProto(req->spec());
-  if (!req->spec().has_gpu_budget_bytes()) spec.gpu_budget_bytes = options_.gpu_budget_bytes;
-  auto r = jobs_.Submit(req->spec().name(), spec);
+  auto spec = SpecFromProto(req->spec());
+  if (!spec.ok()) return ToGrpc(spec.status());
+  if (!req->spec().has_gpu_budget_bytes()) spec->gpu_budget_bytes = options_.gpu_budget_bytes;
+  auto r = jobs_.Submit(req->spec().name(), *spec);
   if (!r.ok()) return ToGrpc(r.status());
   JobToProto(r.value(), resp->mutable_job());
   return grpc::Status::OK;

@@ -9,11 +9,10 @@
 #include <string>
 
 #include "engine/common/status.h"
+#include "engine/memory/checkpoint_placement.h"
 #include "engine/model/config.h"
 
 namespace slide {
-
-enum class CheckpointPlacement { kAuto, kDevice, kHost };
 
 struct PlanRequest {
   ModelConfig model;

@@ -49,8 +49,7 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
 // The daemon's tier settings with the job's mode (validated before this is called).
 StateTierOptions TierOptions(const TrainingJobSpec& spec) {
   StateTierOptions o = spec.nvme;
-  auto mode = ParseTierMode(spec.nvme_state);
-  o.mode = mode.ok() ? *mode : TierMode::kNone;
+  o.mode = spec.nvme_state;
   return o;
 }
 
@@ -70,9 +69,7 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   r.device_budget_bytes = spec.gpu_budget_bytes;
   r.host_budget_bytes = PhysicalHostBytes();
   r.window = spec.window;
-  r.checkpoints = spec.activation_placement == "device" ? CheckpointPlacement::kDevice
-                  : spec.activation_placement == "host" ? CheckpointPlacement::kHost
-                                                        : CheckpointPlacement::kAuto;
+  r.checkpoints = spec.activation_placement;
   if (!cuda) r.device_reserved_bytes = 0;
   const StateTierOptions tier = TierOptions(spec);
   r.moments_on_nvme = tier.mode != TierMode::kNone;
@@ -116,13 +113,20 @@ Status Cancelled(const std::atomic<bool>* cancel, const char* phase) {
   return Status(StatusCode::kCancelled, std::string("cancelled while preparing (") + phase + ")");
 }
 
-bool UsesCuda(const TrainingJobSpec& spec) { return spec.device == "cuda" || (spec.device == "auto" && at::hasCUDA()); }
+bool UsesCuda(const TrainingJobSpec& spec) {
+  return spec.device == DeviceChoice::kCuda || (spec.device == DeviceChoice::kAuto && at::hasCUDA());
+}
 
 c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda) {
-  return spec.compute_dtype == "bf16"   ? c10::kBFloat16
-         : spec.compute_dtype == "fp32" ? c10::kFloat
-         : cuda                         ? c10::kBFloat16
-                                        : c10::kFloat;
+  switch (spec.compute_dtype) {
+    case ComputeDtypeChoice::kBf16:
+      return c10::kBFloat16;
+    case ComputeDtypeChoice::kFp32:
+      return c10::kFloat;
+    case ComputeDtypeChoice::kAuto:
+      break;
+  }
+  return cuda ? c10::kBFloat16 : c10::kFloat;
 }
 
 // The job's tokenizer (from the model directory) and its dataset, split into training and held-out sequences
@@ -135,10 +139,10 @@ StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig&
                            " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
   DatasetOptions d;
   d.seq_len = spec.seq_len;
-  d.mode = spec.sequence_mode == "pack" ? SequenceMode::kPack : SequenceMode::kTruncate;
-  d.format = ParseDatasetFormat(spec.dataset_format).value();
-  d.chat_template = ParseChatTemplate(spec.chat_template).value();
-  d.bad_lines = spec.bad_lines == "skip" ? BadLinePolicy::kSkip : BadLinePolicy::kFail;
+  d.mode = spec.sequence_mode;
+  d.format = spec.dataset_format;
+  d.chat_template = spec.chat_template;
+  d.bad_lines = spec.bad_lines;
   d.bos_token = tcfg.bos_token;
   d.eos_token = tcfg.eos_token;
   d.pad_token = tcfg.pad_token;
@@ -217,37 +221,19 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                                     {"adam_eps", s.adam_eps},
                                     {"eval_fraction", s.eval_fraction}})
     SLIDE_RETURN_IF_ERROR(Field(std::isfinite(value), name, "must be a finite number"));
-  SLIDE_RETURN_IF_ERROR(ParseLrScheduleKind(s.lr_schedule).status().WithContext("job field 'lr_schedule'"));
   SLIDE_RETURN_IF_ERROR(Field(s.warmup_steps >= 0, "warmup_steps", "must be >= 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.weight_decay >= 0 && s.weight_decay < 1, "weight_decay", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_beta1 >= 0 && s.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_beta2 >= 0 && s.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_eps > 0, "adam_eps", "must be > 0"));
-  SLIDE_RETURN_IF_ERROR(ParseDatasetFormat(s.dataset_format).status().WithContext("job field 'dataset_format'"));
-  SLIDE_RETURN_IF_ERROR(ParseChatTemplate(s.chat_template).status().WithContext("job field 'chat_template'"));
-  SLIDE_RETURN_IF_ERROR(Field(s.sequence_mode == "pack" || s.sequence_mode == "truncate", "sequence_mode",
-                              "must be pack or truncate, got '" + s.sequence_mode + "'"));
-  SLIDE_RETURN_IF_ERROR(Field(s.bad_lines == "fail" || s.bad_lines == "skip", "bad_lines",
-                              "must be fail or skip, got '" + s.bad_lines + "'"));
   SLIDE_RETURN_IF_ERROR(Field(s.eval_fraction >= 0 && s.eval_fraction < 1, "eval_fraction", "must be in [0, 1)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.device == "auto" || s.device == "cpu" || s.device == "cuda", "device",
-                              "must be auto, cpu or cuda, got '" + s.device + "'"));
-  SLIDE_RETURN_IF_ERROR(Field(s.compute_dtype == "auto" || s.compute_dtype == "bf16" || s.compute_dtype == "fp32",
-                              "compute_dtype", "must be auto, bf16 or fp32, got '" + s.compute_dtype + "'"));
   SLIDE_RETURN_IF_ERROR(Field(s.gpu_budget_bytes > 0, "gpu_budget_bytes", "must be > 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.window >= 0, "window", "must be >= 0 (0 = chosen by the planner)"));
-  SLIDE_RETURN_IF_ERROR(
-      Field(s.activation_placement == "auto" || s.activation_placement == "device" || s.activation_placement == "host",
-            "activation_placement", "must be auto, device or host"));
   SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
   SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.export_dtype == "bf16" || s.export_dtype == "fp32", "export_dtype",
-                              "must be bf16 or fp32, got '" + s.export_dtype + "'"));
-  SLIDE_RETURN_IF_ERROR(Field(ParseTierMode(s.nvme_state).ok(), "nvme_state",
-                              "must be none, moments or moments_and_master, got '" + s.nvme_state + "'"));
-  if (s.nvme_state != "none" && s.nvme.io.dirs.empty())
-    return FailedPrecondition("job field 'nvme_state' is '" + s.nvme_state +
+  if (s.nvme_state != TierMode::kNone && s.nvme.io.dirs.empty())
+    return FailedPrecondition(std::string("job field 'nvme_state' is '") + TierModeName(s.nvme_state) +
                               "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");
   return Status::Ok();
 }
@@ -346,10 +332,8 @@ Status TrainingRun::Prepare() {
              .beta2 = spec_.adam_beta2,
              .eps = spec_.adam_eps,
              .weight_decay = spec_.weight_decay};
-  o.schedule = {.kind = ParseLrScheduleKind(spec_.lr_schedule).value(),
-                .peak_lr = spec_.lr,
-                .warmup_steps = spec_.warmup_steps,
-                .total_steps = total_};
+  o.schedule = {
+      .kind = spec_.lr_schedule, .peak_lr = spec_.lr, .warmup_steps = spec_.warmup_steps, .total_steps = total_};
   o.max_grad_norm = spec_.max_grad_norm;
   o.compute_dtype = dtype;
   o.device = device;
@@ -477,7 +461,7 @@ Status TrainingRun::Finish() {
   }
   ModelParams final_weights = trainer_->Master();
   ExportOptions export_options;
-  export_options.dtype = spec_.export_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
+  export_options.dtype = spec_.export_dtype == ExportDtype::kFp32 ? c10::kFloat : c10::kBFloat16;
   SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec_.output_dir, spec_.model_dir, final_weights, export_options));
   result_.export_dir = spec_.output_dir;
   Log("exported to " + spec_.output_dir);

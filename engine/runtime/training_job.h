@@ -11,9 +11,16 @@
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/data/dataset.h"
 #include "engine/io/state_tier.h"
+#include "engine/memory/checkpoint_placement.h"
+#include "engine/optim/lr_schedule.h"
 
 namespace slide {
+
+enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto: CUDA when present
+enum class ComputeDtypeChoice { kAuto, kBf16, kFp32 };  // auto: bf16 on CUDA, fp32 on the CPU
+enum class ExportDtype { kBf16, kFp32 };                // the dtype of the exported weights
 
 struct TrainingJobSpec {
   std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
@@ -29,38 +36,39 @@ struct TrainingJobSpec {
   int64_t seq_len = 512;
   bool allow_seq_len_beyond_model = false;  // seq_len above the model's max_position_embeddings only when true
   double lr = 1e-5;
-  std::string lr_schedule = "cosine";
+  LrScheduleKind lr_schedule = LrScheduleKind::kCosine;
   int64_t warmup_steps = 0;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;
   uint64_t seed = 0;
   // Data.
-  std::string dataset_format = "auto";
-  std::string chat_template = "llama3";
-  std::string sequence_mode = "pack";  // pack | truncate
-  std::string bad_lines = "fail";      // fail | skip
+  DatasetFormat dataset_format = DatasetFormat::kAuto;
+  ChatTemplate chat_template = ChatTemplate::kLlama3;
+  SequenceMode sequence_mode = SequenceMode::kPack;
+  BadLinePolicy bad_lines = BadLinePolicy::kFail;
   double eval_fraction = 0.0;
   // Engine.
-  std::string device = "auto";         // auto | cpu | cuda
-  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+  DeviceChoice device = DeviceChoice::kAuto;
+  ComputeDtypeChoice compute_dtype = ComputeDtypeChoice::kAuto;
   int64_t gpu_budget_bytes = 24ll << 30;
-  int64_t window = 0;                         // 0 = the planner chooses
-  std::string activation_placement = "auto";  // auto | device | host
+  int64_t window = 0;  // 0 = the planner chooses
+  CheckpointPlacement activation_placement = CheckpointPlacement::kAuto;
   int64_t log_every = 1;
-  // Optimizer state on local disk through the NVMe tier: none | moments | moments_and_master.
-  std::string nvme_state = "none";
+  // Optimizer state on local disk through the NVMe tier.
+  TierMode nvme_state = TierMode::kNone;
   // Set by the daemon (its `nvme` section), not by users: the tier's directories and I/O settings. A job that
   // asks for nvme_state without directories is refused.
   StateTierOptions nvme{};
-  std::string export_dtype = "bf16";  // bf16 | fp32: the dtype of the exported weights
+  ExportDtype export_dtype = ExportDtype::kBf16;
   // Checkpoints (everything to resume exactly; see training_checkpoint.h). An empty directory disables them.
   // When the directory already holds a checkpoint of this job, the job resumes from it.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only when suspended
 };
 
-// Validates ranges and names (not files): every message names the field.
+// Validates ranges (not files): every message names the field. The choices are enums: the daemon maps the
+// API's names to them once, at the boundary (server/job_proto.cc).
 Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
 
 // The job's paths before anything is loaded: each inside allowed_roots, the dataset a regular file when it

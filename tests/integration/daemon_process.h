@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "proto/enum_short_names.h"
 #include "slide/v1/slide.grpc.pb.h"
 
 namespace slide::testing {
@@ -147,10 +148,11 @@ inline v1::JobSpec DemoJobSpec(const std::string& out, int steps) {
   s.set_steps(steps);
   s.set_batch_size(std::stoi(env("SLIDE_TEST_BATCH", "16")));
   s.set_seq_len(std::stoi(env("SLIDE_TEST_SEQ", "32")));
-  s.set_sequence_mode("truncate");
+  s.set_sequence_mode(v1::SEQUENCE_MODE_TRUNCATE);
   s.set_lr(3e-3);
   s.set_warmup_steps(2);
-  s.set_device(env("SLIDE_TEST_DEVICE", "cpu"));
+  const auto* device = v1::FindEnumValueByShortName(v1::Device_descriptor(), env("SLIDE_TEST_DEVICE", "cpu"));
+  s.set_device(device != nullptr ? static_cast<v1::Device>(device->number()) : v1::DEVICE_UNSPECIFIED);
   return s;
 }
 

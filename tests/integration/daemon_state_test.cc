@@ -273,7 +273,7 @@ TEST(DaemonState, TheStoreHoldsTheApisMessagesAsProtoJson) {
   const v1::Job served = Get(first, id);
   EXPECT_EQ(served.spec().adam_beta2(), 0.95);  // defaults the request left out are part of the spec
   EXPECT_EQ(served.spec().log_every(), 1);
-  EXPECT_EQ(served.spec().lr_schedule(), "cosine");
+  EXPECT_EQ(served.spec().lr_schedule(), v1::LR_SCHEDULE_COSINE);
   EXPECT_EQ(first.Terminate(30), 0);
 
   const std::string dir = first.state_dir() + "/jobs/" + id;
@@ -322,7 +322,7 @@ TEST(DaemonState, RecordsOfTheEarlierFormatStillLoad) {
   EXPECT_EQ(job.spec().name(), "old-job");
   EXPECT_EQ(job.spec().dataset(), "/data/train.jsonl");
   EXPECT_EQ(job.spec().model_dir(), "/models/m");
-  EXPECT_EQ(job.spec().lr_schedule(), "linear");
+  EXPECT_EQ(job.spec().lr_schedule(), v1::LR_SCHEDULE_LINEAR);  // a short name then
   EXPECT_EQ(job.spec().batch_size(), 4);
   EXPECT_EQ(job.spec().seed(), 11u);
   EXPECT_EQ(job.export_dir(), "/out/x");

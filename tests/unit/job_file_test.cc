@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "proto/enum_short_names.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -53,6 +55,9 @@ TEST_F(JobFileTest, EveryJobSpecFieldIsSetByItsNameAndType) {
       case FieldDescriptor::CPPTYPE_BOOL:
         value = "true";
         break;
+      case FieldDescriptor::CPPTYPE_ENUM:  // the last value, by its short name
+        value = slide::v1::EnumShortName(f->enum_type()->value(f->enum_type()->value_count() - 1));
+        break;
       default:
         FAIL() << "a JobSpec field of a type job files cannot set";
     }
@@ -82,6 +87,13 @@ TEST_F(JobFileTest, EveryJobSpecFieldIsSetByItsNameAndType) {
         EXPECT_EQ(r->GetDouble(spec, f), 0.25);
         r->SetDouble(&only_this, f, 0.25);
         break;
+      case FieldDescriptor::CPPTYPE_ENUM: {
+        const auto* last = f->enum_type()->value(f->enum_type()->value_count() - 1);
+        EXPECT_EQ(r->GetEnum(spec, f), last);
+        EXPECT_NE(last->number(), 0);
+        r->SetEnum(&only_this, f, last);
+        break;
+      }
       default:
         EXPECT_TRUE(r->GetBool(spec, f));
         r->SetBool(&only_this, f, true);
@@ -91,6 +103,28 @@ TEST_F(JobFileTest, EveryJobSpecFieldIsSetByItsNameAndType) {
     }
     EXPECT_EQ(spec.SerializeAsString(), only_this.SerializeAsString());
   }
+}
+
+// Each choice is written by its short name: every value of every enum field of the schema is reachable.
+TEST_F(JobFileTest, EveryChoiceIsSetByItsShortName) {
+  const auto* d = JobSpec::descriptor();
+  int enum_fields = 0;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->enum_type() == nullptr) continue;
+    ++enum_fields;
+    for (int v = 1; v < f->enum_type()->value_count(); ++v) {
+      const auto* value = f->enum_type()->value(v);
+      JobSpec spec;
+      ASSERT_EQ(slidectl::LoadJobFile(Write(f->name() + ": " + slide::v1::EnumShortName(value) + "\n"), &spec), "")
+          << value->name();
+      EXPECT_EQ(JobSpec::GetReflection()->GetEnum(spec, f), value);
+    }
+  }
+  EXPECT_EQ(enum_fields, 10);
+  EXPECT_EQ(slide::v1::EnumShortName(
+                slide::v1::DatasetFormat_descriptor()->FindValueByName("DATASET_FORMAT_PROMPT_COMPLETION")),
+            "prompt_completion");
 }
 
 TEST_F(JobFileTest, AbsolutePathsStayAndAnExplicitZeroIsPresent) {
@@ -113,6 +147,12 @@ TEST_F(JobFileTest, BadKeysAndValuesNameTheLine) {
             path + ":1: field 'allow_seq_len_beyond_model' has the wrong type ('maybe')");
   EXPECT_EQ(slidectl::LoadJobFile(Write("seed: -1\n"), &spec), path + ":1: field 'seed' has the wrong type ('-1')");
   EXPECT_EQ(slidectl::LoadJobFile(Write("lr: [1, 2]\n"), &spec), path + ":1: field 'lr' must be a single value");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("steps: 3\ndevice: gpu\n"), &spec),
+            path + ":2: field 'device' must be auto, cpu or cuda, got 'gpu'");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("lr_schedule: LR_SCHEDULE_COSINE\n"), &spec),
+            path + ":1: field 'lr_schedule' must be constant, linear or cosine, got 'LR_SCHEDULE_COSINE'");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("nvme_state: unspecified\n"), &spec),
+            path + ":1: field 'nvme_state' must be none, moments or moments_and_master, got 'unspecified'");
   EXPECT_EQ(slidectl::LoadJobFile(Write("- steps\n"), &spec), path + ": a job file is a mapping of JobSpec fields");
   EXPECT_EQ(slidectl::LoadJobFile(Write("steps: [\n"), &spec).rfind(path + ":", 0), 0u);
   EXPECT_NE(slidectl::LoadJobFile((dir_ / "missing.yaml").string(), &spec).find("cannot open job file"),

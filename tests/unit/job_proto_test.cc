@@ -1,0 +1,64 @@
+// The API's choices meet the engine's enums in one table per choice (server/job_proto.cc): every value of every
+// enum field of JobSpec maps to the engine and back unchanged, UNSPECIFIED takes the engine's default, and a
+// number the schema does not know fails the request naming the field.
+#include "server/job_proto.h"
+
+#include <gtest/gtest.h>
+
+#include "proto/enum_short_names.h"
+
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using slide::v1::JobSpec;
+
+TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
+  const auto* d = JobSpec::descriptor();
+  const auto* r = JobSpec::GetReflection();
+  int values = 0;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->enum_type() == nullptr) continue;
+    for (int v = 1; v < f->enum_type()->value_count(); ++v, ++values) {
+      SCOPED_TRACE(f->enum_type()->value(v)->name());
+      JobSpec in;
+      r->SetEnum(&in, f, f->enum_type()->value(v));
+      auto spec = slide::SpecFromProto(in);
+      ASSERT_TRUE(spec.ok()) << spec.status().message();
+      JobSpec out;
+      slide::SpecToProto("x", *spec, &out);
+      EXPECT_EQ(r->GetEnum(out, f), f->enum_type()->value(v));
+    }
+  }
+  EXPECT_EQ(values, 28);
+}
+
+TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
+  auto spec = slide::SpecFromProto(JobSpec());
+  ASSERT_TRUE(spec.ok());
+  const slide::TrainingJobSpec defaults;
+  EXPECT_EQ(spec->lr_schedule, defaults.lr_schedule);
+  EXPECT_EQ(spec->device, defaults.device);
+  EXPECT_EQ(spec->nvme_state, defaults.nvme_state);
+  EXPECT_EQ(spec->export_dtype, defaults.export_dtype);
+  JobSpec served;
+  slide::SpecToProto("x", *spec, &served);  // what GetJob shows: the defaults by name, never UNSPECIFIED
+  EXPECT_EQ(served.lr_schedule(), slide::v1::LR_SCHEDULE_COSINE);
+  EXPECT_EQ(served.device(), slide::v1::DEVICE_AUTO);
+  EXPECT_EQ(served.sequence_mode(), slide::v1::SEQUENCE_MODE_PACK);
+  EXPECT_EQ(served.nvme_state(), slide::v1::NVME_STATE_NONE);
+}
+
+TEST(JobProto, AnUnknownNumberNamesTheField) {
+  JobSpec in;
+  in.set_device(static_cast<slide::v1::Device>(9));
+  auto spec = slide::SpecFromProto(in);
+  EXPECT_EQ(spec.status().code(), slide::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(), "job field 'device' has no value 9 (it takes auto, cpu or cuda)");
+  in.clear_device();
+  in.set_chat_template(static_cast<slide::v1::ChatTemplate>(-1));
+  EXPECT_EQ(slide::SpecFromProto(in).status().message(),
+            "job field 'chat_template' has no value -1 (it takes llama3 or chatml)");
+}
+
+}  // namespace
