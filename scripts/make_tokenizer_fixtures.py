@@ -60,6 +60,13 @@ SAMPLES = [
     "",
     " ",
     "\n",
+] + [
+    # Long pieces (one word, no spaces): the merge order over thousands of symbols (where a rescan per merge is
+    # quadratic): a fixed pseudo-random base64-like blob, a sentence without its spaces, a run of one letter.
+    "".join("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[(i * 7919 + i * i * 104729) % 64]
+            for i in range(6000)),
+    "Slidingwindowsmovelayersbetweenthehostandthedevice" * 100,
+    "e" * 5000,
 ]
 
 SPECIAL_SAMPLES = {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -171,21 +172,43 @@ void Tokenizer::Impl::BpeUncached(const std::string& piece, std::vector<int32_t>
     }
     i += n;
   }
-  // Repeatedly merge the adjacent pair with the lowest rank.
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges.find(Key(sym[i], sym[i + 1]));
-      if (it != merges.end() && it->second.first < best_rank) {
-        best_rank = it->second.first;
-        best_id = it->second.second;
-        best_at = i;
-      }
+  // Repeatedly merge the adjacent pair with the lowest rank (leftmost among equals), through a min-heap of
+  // candidate pairs over a linked list of symbols: O(n log n) in the piece's length. A rescan per merge is
+  // quadratic, and one long dataset line without spaces (a base64 blob) would stall the job for minutes.
+  const int n = static_cast<int>(sym.size());
+  if (n > 1) {
+    std::vector<int> next(n), prev(n);
+    for (int i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
+    struct Candidate {
+      int32_t rank;
+      int at;  // the left symbol's original position; positions keep their left-to-right order
+      int32_t left, right, merged;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    auto offer = [&](int at) {
+      if (at < 0 || next[at] < 0) return;
+      auto it = merges.find(Key(sym[at], sym[next[at]]));
+      if (it != merges.end()) heap.push({it->second.first, at, sym[at], sym[next[at]], it->second.second});
+    };
+    for (int i = 0; i + 1 < n; ++i) offer(i);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      // Stale when either side has merged since: a position's id only ever grows into a longer token, and its
+      // right neighbour changes only when the position itself merges.
+      const int right = next[c.at];
+      if (sym[c.at] != c.left || right < 0 || sym[right] != c.right) continue;
+      sym[c.at] = c.merged;
+      sym[right] = -1;
+      next[c.at] = next[right];
+      if (next[right] >= 0) prev[next[right]] = c.at;
+      offer(prev[c.at]);
+      offer(c.at);
     }
-    if (best_id < 0) break;
-    sym[best_at] = best_id;
-    sym.erase(sym.begin() + best_at + 1);
+    size_t kept = 0;
+    for (int i = 0; i >= 0; i = next[i]) sym[kept++] = sym[i];
+    sym.resize(kept);
   }
   out.insert(out.end(), sym.begin(), sym.end());
 }
