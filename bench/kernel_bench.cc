@@ -5,7 +5,7 @@
 // included) against the token-chunked LibTorch form and the full-logits form, with the peak device memory
 // each needs. One JSON line per kernel.
 //
-// usage: kernel_bench [TOKENS] [COPY_GBPS]   (defaults 8192 and 4300)
+// usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL]   (defaults 8192, 4300 and all: rmsnorm rope swiglu convert ce lm_head)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -294,14 +294,16 @@ int main(int argc, char** argv) {
   }
   const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 8192;
   if (argc > 2) g_copy_gbps = std::atof(argv[2]);
+  const std::string only = argc > 3 ? argv[3] : "";  // one kernel family: rmsnorm, rope, swiglu, convert, ce, lm_head
+  auto wanted = [&](const char* name) { return only.empty() || only == name; };
   std::fprintf(stderr, "kernel_bench on %s\n", DescribeDevice().description.c_str());
   // Llama-3.1-8B: hidden 4096, 32 query heads and 8 key/value heads of 128, MLP 14336, vocabulary 128256.
-  BenchRmsNorm(tokens, 4096);
-  BenchRope(tokens, 32, 128);
-  BenchRope(tokens, 8, 128);
-  BenchSwiGlu(tokens, 14336);
-  BenchConvert(128256, 4096);
-  BenchCrossEntropyRows(tokens, 128256 / 8, 128256);
-  BenchLmHead(tokens, 4096, 128256, 1024);
+  if (wanted("rmsnorm")) BenchRmsNorm(tokens, 4096);
+  if (wanted("rope")) BenchRope(tokens, 32, 128);
+  if (wanted("rope")) BenchRope(tokens, 8, 128);
+  if (wanted("swiglu")) BenchSwiGlu(tokens, 14336);
+  if (wanted("convert")) BenchConvert(128256, 4096);
+  if (wanted("ce")) BenchCrossEntropyRows(tokens, 128256 / 8, 128256);
+  if (wanted("lm_head")) BenchLmHead(tokens, 4096, 128256, 1024);
   return 0;
 }
