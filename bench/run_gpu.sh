@@ -125,13 +125,14 @@ case "$phase" in
       --no-build-isolation --target /tmp/ds-site deepspeed >> "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
     export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
     python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
-    # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes)
+    # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes);
+    # PEERS a subset of "ours plain fsdp2 deepspeed"; no run starts after PEER_BUDGET_S (default 480) seconds
     specs=(); for shape in ${SHAPES:-llama-1b llama-3b}; do
       for batch in ${BATCH:-8}; do  # BATCH may list several, e.g. "8 32" for batch 8 and the critical batch
-        for peer in ours plain fsdp2 deepspeed; do specs+=("$peer $shape $batch"); done; done; done
+        for peer in ${PEERS:-ours plain fsdp2 deepspeed}; do specs+=("$peer $shape $batch"); done; done; done
     for spec in "${specs[@]}"; do
       set -- $spec
-      [ $((SECONDS - start)) -lt 480 ] || { echo "skipped (time): $spec"; continue; }
+      [ $((SECONDS - start)) -lt ${PEER_BUDGET_S:-480} ] || { echo "skipped (time): $spec"; continue; }
       if [ "$1" = ours ]; then run 150 build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
       else run 170 python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 3; fi
       echo "$spec done after $((SECONDS - start)) s"
