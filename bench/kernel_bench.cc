@@ -5,7 +5,8 @@
 // included) against the token-chunked LibTorch form and the full-logits form, with the peak device memory
 // each needs. One JSON line per kernel.
 //
-// usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL]   (defaults 8192, 4300 and all: rmsnorm rope swiglu convert ce lm_head)
+// usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL]   (defaults 8192, 4300 and every kernel family; KERNEL is one
+// of rmsnorm, rope, swiglu, convert, ce, lm_head)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -288,14 +289,20 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!at::hasCUDA()) {
-    std::fprintf(stderr, "kernel_bench: no CUDA device\n");
-    return 2;
-  }
   const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 8192;
   if (argc > 2) g_copy_gbps = std::atof(argv[2]);
   const std::string only = argc > 3 ? argv[3] : "";  // one kernel family: rmsnorm, rope, swiglu, convert, ce, lm_head
   auto wanted = [&](const char* name) { return only.empty() || only == name; };
+  if (!only.empty() && !wanted("rmsnorm") && !wanted("rope") && !wanted("swiglu") && !wanted("convert") &&
+      !wanted("ce") && !wanted("lm_head")) {
+    std::fprintf(stderr, "kernel_bench: unknown kernel family '%s' (rmsnorm, rope, swiglu, convert, ce, lm_head)\n",
+                 only.c_str());
+    return 2;
+  }
+  if (!at::hasCUDA()) {
+    std::fprintf(stderr, "kernel_bench: no CUDA device\n");
+    return 2;
+  }
   std::fprintf(stderr, "kernel_bench on %s\n", DescribeDevice().description.c_str());
   // Llama-3.1-8B: hidden 4096, 32 query heads and 8 key/value heads of 128, MLP 14336, vocabulary 128256.
   if (wanted("rmsnorm")) BenchRmsNorm(tokens, 4096);

@@ -4,12 +4,10 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
-#include <climits>
 #include <fstream>
-#include <limits>
 #include <mutex>
-#include <queue>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 

@@ -113,8 +113,8 @@ TEST(CpuAdamW, EveryLevelIsBitIdenticalToTheScalarBodyInAnyChunking) {
       const auto [ref, ref_out] = run(SimdLevel::kScalar, n);
       for (int64_t chunk : {n, int64_t{7}, int64_t{1000}}) {
         const auto [got, got_out] = run(level, chunk);
-        const std::string where = std::string(SimdLevelName(level)) + " n=" + std::to_string(n) + " chunk " +
-                                  std::to_string(chunk);
+        const std::string where =
+            std::string(SimdLevelName(level)) + " n=" + std::to_string(n) + " chunk " + std::to_string(chunk);
         EXPECT_TRUE(at::equal(got.p, ref.p)) << where;
         EXPECT_TRUE(at::equal(got.m, ref.m)) << where;
         EXPECT_TRUE(at::equal(got.v, ref.v)) << where;
