@@ -12,6 +12,7 @@ apt_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libyaml-cpp-dev libcli11-dev liburing-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libpcre2-dev libicu-dev prometheus tmux openssl
+  clang libclang-rt-14-dev  # the libFuzzer targets (tests/fuzz), built and replayed in .ci/run
 )
 
 missing=()

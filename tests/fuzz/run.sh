@@ -8,13 +8,23 @@
 # lines are where a quadratic BPE once hid). ASan keeps no allocation stacks (malloc_context_size=0, ~25% more
 # executions); replay a crash input with the default options to see them.
 #   [FUZZ_SECONDS=N] [FUZZ_HARDWARE=TEXT] tests/fuzz/run.sh [RUNS] [TARGET...]
+#   tests/fuzz/run.sh seeds      build, then only replay every seed corpus (the ctests; .ci/run's fuzz step)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-10000000}; shift || true
 targets=${*:-safetensors_fuzz hf_config_fuzz tokenizer_json_fuzz tokenizer_encode_fuzz dataset_fuzz job_file_fuzz daemon_config_fuzz}
-[ -f build-fuzz/CMakeCache.txt ] || CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DSLIDE_FUZZ=ON \
-  -DSLIDE_BUILD_TESTS=OFF -DSLIDE_BUILD_BENCH=OFF -DSLIDE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+if [ ! -f build-fuzz/CMakeCache.txt ]; then
+  mkdir -p build-fuzz
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DSLIDE_FUZZ=ON -DSLIDE_BUILD_TESTS=OFF \
+    -DSLIDE_BUILD_BENCH=OFF -DSLIDE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > build-fuzz/cmake.log 2>&1 ||
+    { tail -30 build-fuzz/cmake.log; rm -f build-fuzz/CMakeCache.txt; exit 1; }
+fi
 cmake --build build-fuzz --target $targets || exit 1
+if [ "$runs" = seeds ]; then
+  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-fuzz --output-on-failure -j2 --timeout 600
+  exit
+fi
 mkdir -p build-fuzz/crashes build-fuzz/work
 export ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:malloc_context_size=0 UBSAN_OPTIONS=print_stacktrace=1
 max_len_of() { case $1 in job_file_fuzz|daemon_config_fuzz) echo 8192 ;; *) echo 65536 ;; esac; }
