@@ -130,6 +130,7 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_checkpoint_every(s.checkpoint_every);
   p->set_export_dtype(ToApi(kExportDtypes, s.export_dtype));
   p->set_nvme_state(ToApi(kNvmeStates, s.nvme_state));
+  if (s.nvme_layers != -1) p->set_nvme_layers(s.nvme_layers);
 }
 
 StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
@@ -167,6 +168,7 @@ StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   SLIDE_RETURN_IF_ERROR(FromApi(kExportDtypes, p.export_dtype(), "export_dtype", &s.export_dtype));
   s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
   SLIDE_RETURN_IF_ERROR(FromApi(kNvmeStates, p.nvme_state(), "nvme_state", &s.nvme_state));
+  if (p.has_nvme_layers()) s.nvme_layers = p.nvme_layers();
   return s;
 }
 

@@ -39,6 +39,21 @@ int64_t StateTierRingBytes(const StateTierOptions& options) {
   return static_cast<int64_t>(options.buffers) * static_cast<int64_t>(options.chunk_bytes) * arrays;
 }
 
+StatusOr<std::vector<int64_t>> TierUnitIndex(int64_t num_layers, const StateTierOptions& options) {
+  std::vector<int64_t> index;
+  if (options.mode == TierMode::kNone) return index;
+  if (options.layers != -1 && (options.layers < 1 || options.layers > num_layers))
+    return InvalidArgument("NVMe tier layers must be -1 (every unit) or between 1 and the layer count (" +
+                           std::to_string(num_layers) + "), got " + std::to_string(options.layers));
+  const int64_t units = num_layers + 2;
+  // Every unit, or units [first, first + layers): the last layers, before the head.
+  const int64_t first = options.layers < 0 ? 0 : 1 + num_layers - options.layers;
+  const int64_t end = options.layers < 0 ? units : 1 + num_layers;
+  index.assign(units, -1);
+  for (int64_t u = first; u < end; ++u) index[u] = u - first;
+  return index;
+}
+
 StatusOr<std::unique_ptr<StateTier>> StateTier::Open(const StateTierOptions& options,
                                                      const std::vector<int64_t>& unit_numel) {
   if (options.mode == TierMode::kNone) return InvalidArgument("the NVMe state tier was opened with mode none");
@@ -279,9 +294,10 @@ int64_t StateTier::disk_bytes() const {
 }
 
 std::string StateTier::description() const {
-  return std::string(TierModeName(options_.mode)) + " on NVMe: " + std::to_string(disk_bytes() >> 20) +
-         " MiB on disk, ring " + std::to_string(slots_.size()) + " x " +
-         std::to_string(options_.chunk_bytes * arrays_ >> 20) + " MiB; " + store_->description();
+  return std::string(TierModeName(options_.mode)) + " of " +
+         (options_.layers < 0 ? std::string("every unit") : "the last " + std::to_string(options_.layers) + " layers") +
+         " on NVMe: " + std::to_string(disk_bytes() >> 20) + " MiB on disk, ring " + std::to_string(slots_.size()) +
+         " x " + std::to_string(options_.chunk_bytes * arrays_ >> 20) + " MiB; " + store_->description();
 }
 
 }  // namespace slide

@@ -36,10 +36,19 @@ struct StateTierOptions {
   NvmeOptions io;                  // directories, backend, queue depth, request and block size, I/O threads
   size_t chunk_bytes = 32u << 20;  // bytes of one array in one chunk (a multiple of the block size)
   int buffers = 6;                 // chunks in the ring: read ahead, being updated, written behind
+  // Whose state the tier holds: -1 every unit (embedding and head too); k >= 1 only the last k layers, the rest
+  // staying in host memory, so a model a little too large for the host spills only what does not fit. The last
+  // layers are the ones whose updates the next forward needs last (updates run in forward order).
+  int64_t layers = -1;
 };
 
 // Host bytes of the ring `options` asks for.
 int64_t StateTierRingBytes(const StateTierOptions& options);
+
+// For each unit of a model with `num_layers` layers (embedding, layers..., head): its index among the units the
+// tier holds (options.layers), or -1 where its state stays in host memory. Empty for mode none; a layer count
+// outside -1 and 1..num_layers is INVALID_ARGUMENT.
+StatusOr<std::vector<int64_t>> TierUnitIndex(int64_t num_layers, const StateTierOptions& options);
 
 class StateTier {
  public:
@@ -51,6 +60,7 @@ class StateTier {
   StateTier(const StateTier&) = delete;
   StateTier& operator=(const StateTier&) = delete;
 
+  size_t units() const { return numel_.size(); }  // the units it holds, indexed 0..units()-1
   // The arrays on disk: 2 (moments) or 3 (moments and master).
   int arrays() const { return arrays_; }
   bool holds_master() const { return arrays_ == 3; }

@@ -77,6 +77,9 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
                            std::to_string(s.layers) + ")");
   if (r.resident_layers > 0 && r.moments_on_nvme)
     return InvalidArgument("resident layers keep their optimizer state on the device: not with the NVMe tier");
+  if (r.moments_on_nvme && r.nvme_layers != -1 && (r.nvme_layers < 1 || r.nvme_layers > s.layers))
+    return InvalidArgument("NVMe tier layers must be -1 (every unit) or between 1 and the layer count (" +
+                           std::to_string(s.layers) + ")");
   const bool auto_resident = r.resident_layers == -1 && !r.moments_on_nvme;
   const int64_t fixed_resident = std::max<int64_t>(r.resident_layers, 0);
 
@@ -122,10 +125,18 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   for (int64_t i = 0; i < best.resident_layers; ++i) resident_numel += layout.layer(i).numel;
   const int64_t n = layout.TotalNumel() - resident_numel;
   const int64_t e = c10::elementSize(r.compute_dtype);
-  best.master_bytes = r.master_on_nvme ? 0 : 4 * n;
-  best.moments_bytes = r.moments_on_nvme ? 0 : 8 * n;
+  int64_t tiered = 0;  // elements whose optimizer state is on the NVMe tier
+  if (r.moments_on_nvme) {
+    tiered = n;
+    if (r.nvme_layers > 0) {
+      tiered = 0;
+      for (int64_t i = s.layers - r.nvme_layers; i < s.layers; ++i) tiered += layout.layer(i).numel;
+    }
+  }
+  best.master_bytes = 4 * (n - (r.master_on_nvme ? tiered : 0));
+  best.moments_bytes = 8 * (n - tiered);
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
-  best.nvme_bytes = (r.moments_on_nvme ? 8 * n : 0) + (r.master_on_nvme ? 4 * n : 0);
+  best.nvme_bytes = (8 + (r.master_on_nvme ? 4 : 0)) * tiered;
   best.staging_bytes = e * n;
   best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;

@@ -30,6 +30,7 @@ struct PlanRequest {
   bool moments_on_nvme = false;
   bool master_on_nvme = false;
   int64_t nvme_ring_bytes = 0;
+  int64_t nvme_layers = -1;  // the tier holds every unit's state (-1) or only the last k layers' (StateTierOptions)
   // Layers [0, k) kept on the device with their whole optimizer state (weights, fp32 master, both moments, the
   // gradient held until the update) and updated there: no load, no gradient copy, no CPU update for them.
   // 0: none; -1: as many as the budget holds after the window (the window then defaults to 2 slots, which

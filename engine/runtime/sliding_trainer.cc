@@ -77,8 +77,10 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
 StatusOr<std::unique_ptr<StateTier>> SlidingTrainer::OpenTier(const ModelLayout& layout,
                                                               const SlidingOptions& options) {
   if (options.nvme.mode == TierMode::kNone) return std::unique_ptr<StateTier>();
+  SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> index, TierUnitIndex(layout.num_layers(), options.nvme));
   std::vector<int64_t> numel;
-  for (const auto& u : layout.units) numel.push_back(u.numel);
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    if (index[u] >= 0) numel.push_back(layout.units[u].numel);
   return StateTier::Open(options.nvme, numel);
 }
 
@@ -115,15 +117,23 @@ void SlidingTrainer::Init() {
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
   queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
 
+  if (opts_.nvme.mode != TierMode::kNone) {
+    auto index = TierUnitIndex(layout_.num_layers(), opts_.nvme);
+    TORCH_CHECK(index.ok(), index.status().ToString());
+    tier_index_ = std::move(index).value();
+  }
   if (!tier_ && opts_.nvme.mode != TierMode::kNone) {
     auto tier = OpenTier(layout_, opts_);
     TORCH_CHECK(tier.ok(), tier.status().ToString());
     tier_ = std::move(tier).value();
   }
+  TORCH_CHECK(!tier_ || static_cast<int64_t>(tier_->units()) ==
+                            std::count_if(tier_index_.begin(), tier_index_.end(), [](int64_t i) { return i >= 0; }),
+              "the NVMe tier given was opened for other units than options.nvme names");
   TORCH_CHECK(opts_.resident_layers >= 0 && opts_.resident_layers <= layout_.num_layers(),
               "resident layers must be between 0 and the layer count");
   TORCH_CHECK(!tier_ || opts_.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
-  const bool master_on_disk = tier_ && tier_->holds_master();
+  auto master_on_disk = [&](size_t u) { return OnTier(u) && tier_->holds_master(); };
   const size_t n_units = layout_.units.size();
 
   // Streamed updates: every k-th host layer by the share; their state lives in page-locked buffers.
@@ -147,12 +157,11 @@ void SlidingTrainer::Init() {
     const int64_t numel = layout_.units[u].numel;
     return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_() : at::zeros({numel}, host_f32);
   };
-  if (!tier_) {
-    exp_avg_.layout = exp_avg_sq_.layout = layout_;
-    for (size_t u = 0; u < n_units; ++u) {
-      exp_avg_.units.push_back(Resident(u) ? at::Tensor() : host_zeros(u));
-      exp_avg_sq_.units.push_back(Resident(u) ? at::Tensor() : host_zeros(u));
-    }
+  exp_avg_.layout = exp_avg_sq_.layout = layout_;
+  for (size_t u = 0; u < n_units; ++u) {  // in host memory unless on the device or on the tier
+    const bool on_host = !Resident(u) && !OnTier(u);
+    exp_avg_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
+    exp_avg_sq_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
   }
   unit_sqnorm_.assign(n_units, 0.0);
   for (auto* v :
@@ -174,14 +183,14 @@ void SlidingTrainer::Init() {
       master.copy_(master_.units[u]);
       master_.units[u] = master;
     }
-    if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk) {
+    if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk(u)) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
     } else {
       staging_.push_back(queue_->AllocateHost(layout_.units[u].numel, dtype));
       staging_.back().copy_(master_.units[u]);
     }
-    if (master_on_disk) {  // unit by unit, so the host never holds the fp32 model and all its staging at once
-      Status st = tier_->WriteArray(u, kMasterArray, master_.units[u].data_ptr<float>());
+    if (master_on_disk(u)) {  // unit by unit, so the host never holds the fp32 model and all its staging at once
+      Status st = tier_->WriteArray(tier_index_[u], kMasterArray, master_.units[u].data_ptr<float>());
       TORCH_CHECK(st.ok(), "writing the master weights to the NVMe tier: ", st.ToString());
       master_.units[u] = at::Tensor();
     }
@@ -407,7 +416,7 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     return;
   }
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
-  if (tier_) tier_->Schedule(unit);  // its state starts coming in now, in the order the worker runs updates
+  if (OnTier(unit)) tier_->Schedule(tier_index_[unit]);  // its state starts coming in now, in update order
   worker_->Post(unit, [this, unit, lr, grad_scale, step, grad] {
     const int64_t t0 = NowNs();
     int64_t io_waited = 0;
@@ -416,13 +425,13 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     args.hp.lr = lr;
     args.step = step;
     args.grad_scale = grad_scale;
-    if (!tier_) {
+    if (!OnTier(unit)) {
       UpdateRange(unit, 0, layout_.units[unit].numel, master_.units[unit].data_ptr<float>(),
                   exp_avg_.units[unit].data_ptr<float>(), exp_avg_sq_.units[unit].data_ptr<float>(), grad, args);
     } else {
       float* host_master = tier_->holds_master() ? nullptr : master_.units[unit].data_ptr<float>();
       const int64_t waited_before = tier_->io_wait_ns();
-      Status st = tier_->Update(unit, [&](const StateTier::Chunk& c) {
+      Status st = tier_->Update(tier_index_[unit], [&](const StateTier::Chunk& c) {
         float* m = host_master != nullptr ? host_master + c.begin : c.array[kMasterArray];
         UpdateRange(unit, c.begin, c.n, m, c.array[kExpAvg], c.array[kExpAvgSq], grad, args);
       });
@@ -662,7 +671,7 @@ ModelParams SlidingTrainer::Master() {
 // when the tier does not (null when it does).
 at::Tensor* SlidingTrainer::HostState(int kind, size_t unit, StateArray* array) {
   *array = kind == 0 ? kMasterArray : kind == 1 ? kExpAvg : kExpAvgSq;
-  const bool on_disk = tier_ && (*array != kMasterArray || tier_->holds_master());
+  const bool on_disk = OnTier(unit) && (*array != kMasterArray || tier_->holds_master());
   return on_disk ? nullptr : &(kind == 0 ? master_ : kind == 1 ? exp_avg_ : exp_avg_sq_).units[unit];
 }
 
@@ -672,7 +681,7 @@ StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
   StateArray array;
   if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
   at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
-  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(unit, array, out.data_ptr<float>()));
+  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(tier_index_[unit], array, out.data_ptr<float>()));
   return out;
 }
 
@@ -688,7 +697,7 @@ Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) 
     return Status::Ok();
   }
   const at::Tensor f32 = src.to(at::kFloat).contiguous();
-  SLIDE_RETURN_IF_ERROR(tier_->WriteArray(unit, array, f32.data_ptr<float>()));
+  SLIDE_RETURN_IF_ERROR(tier_->WriteArray(tier_index_[unit], array, f32.data_ptr<float>()));
   if (array == kMasterArray) staging_[unit].copy_(f32);  // StateRestored cannot read a master it does not hold
   return Status::Ok();
 }

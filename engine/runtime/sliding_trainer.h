@@ -143,6 +143,7 @@ class SlidingTrainer {
   void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
                    const at::Tensor& grad, const AdamWStepArgs& args);
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
+  bool OnTier(size_t unit) const { return tier_ && tier_index_[unit] >= 0; }
   bool Resident(size_t unit) const { return unit >= 1 && unit <= static_cast<size_t>(opts_.resident_layers); }
   bool Streamed(size_t unit) const { return !streamed_.empty() && streamed_[unit]; }
   UpdateWorker& WorkerFor(size_t unit) { return Streamed(unit) ? *stream_worker_ : *worker_; }
@@ -163,10 +164,11 @@ class SlidingTrainer {
   SimdLevel simd_;
   int64_t accum_ = 1;
 
-  // Host state, one flat buffer per unit (see ParamLayout). With the NVMe tier the arrays it holds are empty
-  // here and live in tier_'s files.
+  // Host state, one flat buffer per unit (see ParamLayout). The arrays the NVMe tier holds are empty here and
+  // live in tier_'s files: every unit's, or the last layers' (tier_index_: a unit's index in the tier, or -1).
   ModelParams master_, exp_avg_, exp_avg_sq_;
   std::unique_ptr<StateTier> tier_;
+  std::vector<int64_t> tier_index_;
   std::string update_error_;               // the first failed update
   std::vector<at::Tensor> staging_;        // compute-dtype weights the forward loads (aliases master_ in fp32)
   std::vector<at::Tensor> grad_host_;      // returned gradients that cannot land in staging_ (fp32, accumulation)

@@ -50,6 +50,7 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
 StateTierOptions TierOptions(const TrainingJobSpec& spec) {
   StateTierOptions o = spec.nvme;
   o.mode = spec.nvme_state;
+  o.layers = spec.nvme_layers;
   return o;
 }
 
@@ -75,6 +76,7 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   r.moments_on_nvme = tier.mode != TierMode::kNone;
   r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
   r.nvme_ring_bytes = StateTierRingBytes(tier);
+  r.nvme_layers = tier.layers;
   // On a GPU the memory the window leaves is spent on resident layers (state and update on the device); the
   // NVMe tier keeps every unit's state on disk instead.
   r.resident_layers = cuda && !r.moments_on_nvme ? -1 : 0;
@@ -232,6 +234,10 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(s.window >= 0, "window", "must be >= 0 (0 = chosen by the planner)"));
   SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
   SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_layers >= 1, "nvme_layers",
+                              "must be >= 1 (the last N layers' state on the NVMe tier)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
+                              "needs nvme_state (moments or moments_and_master)"));
   if (s.nvme_state != TierMode::kNone && s.nvme.io.dirs.empty())
     return FailedPrecondition(std::string("job field 'nvme_state' is '") + TierModeName(s.nvme_state) +
                               "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");

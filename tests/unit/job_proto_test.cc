@@ -49,6 +49,27 @@ TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
   EXPECT_EQ(served.nvme_state(), slide::v1::NVME_STATE_NONE);
 }
 
+// nvme_layers is optional: absent means every unit on the tier (the engine's -1) and stays absent in what GetJob
+// serves; a count given comes back as given.
+TEST(JobProto, NvmeLayersKeepTheirPresence) {
+  JobSpec absent;
+  auto spec = slide::SpecFromProto(absent);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->nvme_layers, -1);
+  JobSpec served;
+  slide::SpecToProto("x", *spec, &served);
+  EXPECT_FALSE(served.has_nvme_layers());
+  JobSpec given;
+  given.set_nvme_state(slide::v1::NVME_STATE_MOMENTS);
+  given.set_nvme_layers(6);
+  spec = slide::SpecFromProto(given);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->nvme_layers, 6);
+  slide::SpecToProto("x", *spec, &served);
+  ASSERT_TRUE(served.has_nvme_layers());
+  EXPECT_EQ(served.nvme_layers(), 6);
+}
+
 TEST(JobProto, AnUnknownNumberNamesTheField) {
   JobSpec in;
   in.set_device(static_cast<slide::v1::Device>(9));

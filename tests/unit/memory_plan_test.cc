@@ -176,6 +176,36 @@ TEST(MemoryPlan, ExplicitResidentLayersAreCountedOrRefused) {
   ExpectContains(m, "not with the NVMe tier");
 }
 
+// A tier of the last k layers takes exactly their state off the host (12 bytes a parameter with the master, 8
+// without) and onto the disk; the other units stay as without the tier. A count outside the model is refused.
+TEST(MemoryPlan, ATierOfTheLastLayersMovesOnlyTheirState) {
+  const ModelLayout layout = BuildModelLayout(Llama8B());
+  const int64_t layer = layout.layer(0).numel;
+  PlanRequest r = Request8B(24);
+  r.window = 2;
+  const MemoryPlan host = testing::ValueOrDie(PlanMemory(r));
+  r.moments_on_nvme = r.master_on_nvme = true;
+  r.nvme_ring_bytes = 6 * (32 << 20) * 3;
+  const MemoryPlan all = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(all.nvme_bytes, 12 * layout.TotalNumel());
+  r.nvme_layers = 5;
+  const MemoryPlan five = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(five.nvme_bytes, 12 * 5 * layer);
+  EXPECT_EQ(host.master_bytes - five.master_bytes, 4 * 5 * layer);
+  EXPECT_EQ(host.moments_bytes - five.moments_bytes, 8 * 5 * layer);
+  EXPECT_EQ(host.host_total - five.host_total, 12 * 5 * layer - r.nvme_ring_bytes);
+  EXPECT_EQ(five.staging_bytes, host.staging_bytes);
+  r.master_on_nvme = false;
+  r.nvme_ring_bytes = 6 * (32 << 20) * 2;
+  const MemoryPlan moments = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(moments.nvme_bytes, 8 * 5 * layer);
+  EXPECT_EQ(moments.master_bytes, host.master_bytes);
+  for (int64_t bad : {int64_t(0), int64_t(-2), int64_t(33)}) {
+    r.nvme_layers = bad;
+    EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(MemoryPlan, RejectsBadRequests) {
   PlanRequest r = Request8B(24);
   r.window = 33;

@@ -245,6 +245,62 @@ TEST(SlidingTrainer, NvmeTierIsBitIdenticalToHostState) {
       }
 }
 
+// A tier holding only the last layers' state (the rest in host memory, as a model a little too large for the host
+// is run): the files hold exactly those layers' arrays, and training is bit-identical to host state, with and
+// without accumulation, through a restore.
+TEST(SlidingTrainer, NvmeTierOfTheLastLayersIsBitIdenticalToHostState) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  for (TierMode mode : {TierMode::kMoments, TierMode::kMomentsAndMaster})
+    for (int64_t layers : {1, 3})
+      for (int64_t accum : {1, 2}) {
+        SCOPED_TRACE(std::string(TierModeName(mode)) + " layers " + std::to_string(layers) + " accum " +
+                     std::to_string(accum));
+        TrainerOptions o = Options(c10::kBFloat16, 1.0, cpu);
+        ScratchDir dir;
+        SlidingOptions tiered{.train = o, .window = 2};
+        tiered.nvme = SmallTier(mode, dir);
+        tiered.nvme.layers = layers;
+        SlidingTrainer host(cfg, params, {.train = o, .window = 2});
+        SlidingTrainer disk(cfg, params, tiered);
+        ASSERT_NE(disk.tier(), nullptr);
+        ASSERT_EQ(disk.tier()->units(), static_cast<size_t>(layers));
+        const int64_t arrays = disk.tier()->arrays();
+        int64_t state_bytes = 0;
+        for (int64_t i = cfg.num_layers - layers; i < cfg.num_layers; ++i)
+          state_bytes += arrays * 4 * disk.layout().layer(i).numel;
+        EXPECT_GE(disk.tier()->disk_bytes(), state_bytes);  // each array padded to the block size, no more
+        EXPECT_LT(disk.tier()->disk_bytes(), state_bytes + layers * arrays * int64_t(tiered.nvme.io.block_bytes));
+        for (int64_t s = 0; s < 5; ++s) {
+          auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
+          StepStats a = host.Step(mbs), b = disk.Step(mbs);
+          EXPECT_EQ(a.loss, b.loss) << "step " << s;
+          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+        }
+        EXPECT_GT(disk.tier()->store().bytes_read(), 0);
+        ExpectSameStateAndRestore(host, disk, cfg, params, tiered, accum);
+      }
+}
+
+TEST(SlidingTrainer, RefusesANvmeLayerCountOutsideTheModel) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  ScratchDir dir;
+  SlidingOptions o{.train = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU)), .window = 1};
+  o.nvme = SmallTier(TierMode::kMoments, dir);
+  for (int64_t layers : {int64_t(0), int64_t(-2), fx.config.num_layers + 1}) {
+    o.nvme.layers = layers;
+    auto tier = SlidingTrainer::OpenTier(BuildModelLayout(fx.config), o);
+    ASSERT_FALSE(tier.ok()) << layers;
+    EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tier.status().message().find("between 1 and the layer count"), std::string::npos)
+        << tier.status().ToString();
+    EXPECT_THROW(SlidingTrainer(fx.config, init, o), c10::Error) << layers;
+  }
+}
+
 // Resident layers change where a unit's state lives and which processor updates it, not the arithmetic (the
 // device AdamW is bit-equal to the CPU's): losses, norms, every master weight and both moments are identical to
 // training with every unit on the host, with and without accumulation and clipping, fp32 and bf16. A trainer

@@ -197,15 +197,20 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
 
 // Suspend (checkpoint at a step boundary) and run again: the resumed steps are bit-identical to an
 // uninterrupted run (CPU fp32: same data order, same optimizer state, same LR). Each of the three runs keeps its
-// optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory).
-void ExpectExactResume(const std::array<TierMode, 3>& nvme_state) {
+// optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory: every
+// unit's state, or with `nvme_layers` the last layers').
+void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_layers = -1) {
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
   ScratchDir nvme_dir;
   spec.nvme.io.dirs = {nvme_dir.path()};
   spec.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
-  spec.nvme_state = nvme_state[0];
+  auto place = [&](TierMode mode) {
+    spec.nvme_state = mode;
+    spec.nvme_layers = mode == TierMode::kNone ? -1 : nvme_layers;
+  };
+  place(nvme_state[0]);
   std::vector<double> straight;
   TrainingCallbacks record{nullptr, [&](const TrainingStepEvent& e) { straight.push_back(e.loss); }};
   testing::ValueOrDie(RunTrainingJob(spec, record, nullptr));
@@ -219,7 +224,7 @@ void ExpectExactResume(const std::array<TierMode, 3>& nvme_state) {
                           first.emplace_back(e.step, e.loss);
                           if (e.step == 5) suspend = true;
                         }};
-  spec.nvme_state = nvme_state[1];
+  place(nvme_state[1]);
   TrainingResult r1 = testing::ValueOrDie(RunTrainingJob(spec, cb1, nullptr, &suspend));
   EXPECT_TRUE(r1.suspended);
   EXPECT_EQ(r1.steps, 5);
@@ -231,7 +236,7 @@ void ExpectExactResume(const std::array<TierMode, 3>& nvme_state) {
   EXPECT_FALSE(std::filesystem::exists(out.File("ckpt/step-00000004")));
 
   TrainingCallbacks cb2{nullptr, [&](const TrainingStepEvent& e) { second.emplace_back(e.step, e.loss); }};
-  spec.nvme_state = nvme_state[2];
+  place(nvme_state[2]);
   TrainingResult r2 = testing::ValueOrDie(RunTrainingJob(spec, cb2, nullptr));
   EXPECT_EQ(r2.resumed_from, 5);
   EXPECT_EQ(r2.steps, 8);
@@ -253,6 +258,35 @@ TEST(TrainingJob, ResumesExactlyFromItsCheckpoint) {
 TEST(TrainingJob, ResumesExactlyWithStateOnNvme) {
   ExpectExactResume({TierMode::kNone, TierMode::kMomentsAndMaster, TierMode::kMomentsAndMaster});
   ExpectExactResume({TierMode::kMoments, TierMode::kMomentsAndMaster, TierMode::kNone});
+}
+
+TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
+  ExpectExactResume({TierMode::kMoments, TierMode::kMomentsAndMaster, TierMode::kNone}, 1);
+  ExpectExactResume({TierMode::kNone, TierMode::kMoments, TierMode::kMomentsAndMaster}, 1);
+}
+
+// nvme_layers is a count of layers on the tier: it needs the tier, and is at least 1 and at most the model's
+// layer count; each mistake fails the job with the field named, before any step.
+TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
+  testing::TempDir out;
+  ScratchDir nvme_dir;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.nvme.io.dirs = {nvme_dir.path()};
+  spec.nvme_layers = 1;
+  auto r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(r.status().message(), "'nvme_layers' needs nvme_state");
+  spec.nvme_state = TierMode::kMoments;
+  spec.nvme_layers = 0;
+  r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(r.status().message(), "'nvme_layers' must be >= 1");
+  spec.nvme_layers = 1000;
+  int steps = 0;
+  r = RunTrainingJob(spec, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(r.status().message(), "between 1 and the layer count");
+  EXPECT_EQ(steps, 0);
 }
 
 // The tier's settings come from the daemon: a job asking for it without directories is refused, and a directory the
