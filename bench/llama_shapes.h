@@ -4,15 +4,20 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <string>
 
+#include "engine/common/status.h"
 #include "engine/model/config.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/param_layout.h"
 
 namespace slide::bench {
 
-inline ModelConfig LlamaShape(const std::string& name) {
+// NAME is llama-1b | llama-3b | llama-8b | tiny, optionally with "@LAYERS" for that shape at another depth (the
+// size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B parameters).
+// Unknown names, and a depth that is not a positive number, are errors.
+inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
   auto make = [](int64_t h, int64_t ff, int64_t layers, int64_t heads, int64_t kv, bool tied) {
     ModelConfig c;
     c.vocab_size = 128256;
@@ -27,12 +32,31 @@ inline ModelConfig LlamaShape(const std::string& name) {
     c.tie_word_embeddings = tied;
     return c;
   };
-  if (name == "llama-1b") return make(2048, 8192, 16, 32, 8, true);
-  if (name == "llama-3b") return make(3072, 8192, 28, 24, 8, true);
-  if (name == "llama-8b") return make(4096, 14336, 32, 32, 8, false);
-  ModelConfig t = make(256, 512, 4, 4, 2, false);
-  t.vocab_size = 1024;
-  return t;
+  const size_t at = name.find('@');
+  const std::string base = name.substr(0, at);
+  ModelConfig c;
+  if (base == "llama-1b") {
+    c = make(2048, 8192, 16, 32, 8, true);
+  } else if (base == "llama-3b") {
+    c = make(3072, 8192, 28, 24, 8, true);
+  } else if (base == "llama-8b") {
+    c = make(4096, 14336, 32, 32, 8, false);
+  } else if (base == "tiny") {
+    c = make(256, 512, 4, 4, 2, false);
+    c.vocab_size = 1024;
+  } else {
+    return InvalidArgument("unknown shape '" + name + "' (llama-1b, llama-3b, llama-8b or tiny, " +
+                           "optionally @LAYERS, or a directory holding config.json)");
+  }
+  if (at != std::string::npos) {
+    const std::string depth = name.substr(at + 1);
+    char* end = nullptr;
+    const long long layers = std::strtoll(depth.c_str(), &end, 10);
+    if (depth.empty() || *end != '\0' || layers < 1 || layers > 1024)
+      return InvalidArgument("shape '" + name + "': the depth after '@' must be 1..1024 layers");
+    c.num_layers = layers;
+  }
+  return c;
 }
 
 inline ModelParams RandomLlamaParams(const ModelConfig& cfg) {

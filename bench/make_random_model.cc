@@ -1,7 +1,7 @@
 // Writes a random-init Llama-shaped model as a Hugging Face directory (config.json, model.safetensors and the
 // demo tokenizer, whose ids fit any of these vocabularies), so daemon benchmarks can run real-size jobs.
 // Usage: make_random_model SHAPE OUT_DIR [TOKENIZER_DIR=deploy/demo/model]
-//   SHAPE: llama-1b | llama-3b | llama-8b | tiny
+//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48)
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
   }
   const std::string shape = argv[1], out = argv[2];
   const std::string tokenizer_dir = argc > 3 ? argv[3] : "deploy/demo/model";
-  const ModelConfig c = bench::LlamaShape(shape);
+  const auto named = bench::LlamaShape(shape);
+  if (!named.ok()) return std::fprintf(stderr, "make_random_model: %s\n", named.status().ToString().c_str()), 2;
+  const ModelConfig& c = named.value();
   // The export copies config.json and the tokenizer files from a source directory: build that first.
   const std::string src = out + ".src";
   Status st = MakeDirs(src);

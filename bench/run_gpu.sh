@@ -13,6 +13,10 @@
 #   bench/run_gpu.sh peers   ours (sliding_bench) beside plain PyTorch + HF, FSDP2 CPU offload and DeepSpeed
 #                            ZeRO-3 offload (bench/peers/peer_train.py; DeepSpeed from the wheels in .peer-wheels,
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
+#                            (PEER_RUNS="peer:shape:batch ..." lists the runs; fwdbwd is PyTorch+HF forward+backward
+#                            alone, the GPU-work ceiling)
+#   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
+#                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
 #                            KERNEL_TESTS_ONLY=1 leaves out the HF parity and engine CUDA tests)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
@@ -40,6 +44,17 @@ traced() {
 build_gpu() {
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   cmake --build build-gpu -j 16 --target "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+}
+# install_deepspeed: into a side directory (the box's Python is externally managed), DeepSpeed's own packages, then
+# DeepSpeed itself built against the box's torch (its ops are compiled just in time, CPU Adam included).
+install_deepspeed() {
+  python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/ds-site hjson msgpack ninja \
+    py-cpuinfo pydantic pydantic-core annotated-types typing-inspection einops nvidia-ml-py psutil typing_extensions \
+    setuptools wheel > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+  DS_BUILD_OPS=0 PYTHONPATH=/tmp/ds-site python3 -m pip install --no-index --find-links .peer-wheels --no-deps \
+    --no-build-isolation --target /tmp/ds-site deepspeed >> "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+  export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
+  python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
 }
 case "$phase" in
   kernels)
@@ -116,26 +131,72 @@ case "$phase" in
     cmake --build build-gpu -j 16 --target sliding_bench > "$OUT/build.log" 2>&1 \
       || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
     echo "build ok after $((SECONDS - start)) s"
-    # Into a side directory (the box's Python is externally managed): DeepSpeed's own packages, then DeepSpeed
-    # itself built against the box's torch (its ops are compiled just in time, CPU Adam included).
-    python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/ds-site hjson msgpack ninja \
-      py-cpuinfo pydantic pydantic-core annotated-types typing-inspection einops nvidia-ml-py psutil typing_extensions \
-      setuptools wheel > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-    DS_BUILD_OPS=0 PYTHONPATH=/tmp/ds-site python3 -m pip install --no-index --find-links .peer-wheels --no-deps \
-      --no-build-isolation --target /tmp/ds-site deepspeed >> "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-    export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
-    python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
     # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes);
-    # PEERS a subset of "ours plain fsdp2 deepspeed"; no run starts after PEER_BUDGET_S (default 480) seconds
+    # PEERS a subset of "ours plain fwdbwd fsdp2 deepspeed"; no run starts after PEER_BUDGET_S (default 480) seconds;
+    # PEER_RUNS="peer:shape:batch ..." lists the runs instead (e.g. leaving out a peer that cannot fit a batch)
     specs=(); for shape in ${SHAPES:-llama-1b llama-3b}; do
       for batch in ${BATCH:-8}; do  # BATCH may list several, e.g. "8 32" for batch 8 and the critical batch
-        for peer in ${PEERS:-ours plain fsdp2 deepspeed}; do specs+=("$peer $shape $batch"); done; done; done
+        for peer in ${PEERS:-ours plain fwdbwd fsdp2 deepspeed}; do specs+=("$peer $shape $batch"); done; done; done
+    [ -n "${PEER_RUNS:-}" ] && { specs=(); for r in $PEER_RUNS; do specs+=("${r//:/ }"); done; }
+    [[ " ${specs[*]} " == *deepspeed* ]] && install_deepspeed
     for spec in "${specs[@]}"; do
       set -- $spec
       [ $((SECONDS - start)) -lt ${PEER_BUDGET_S:-480} ] || { echo "skipped (time): $spec"; continue; }
-      if [ "$1" = ours ]; then run 150 build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
-      else run 170 python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 3; fi
+      # Per run: PEER_TIMEOUT_S, else 170 s (8B: 420 s; building and offloading an 8B model on the host takes
+      # minutes). The supervisor writes the line of a peer that dies without one (the OOM killer's SIGKILL).
+      limit=${PEER_TIMEOUT_S:-170}; [ -z "${PEER_TIMEOUT_S:-}" ] && [[ "$2" == llama-8b* ]] && limit=420
+      if [ "$1" = ours ]; then run $limit build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
+      else
+        run $((limit + 20)) python3 bench/peers/supervise.py --deadline $limit \
+          --line "{\"bench\": \"peer\", \"peer\": \"$1\", \"shape\": \"$2\", \"batch\": $3, \"seq\": 1024}" \
+          -- python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 3
+      fi
       echo "$spec done after $((SECONDS - start)) s"
+    done ;;
+  largest)
+    # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
+    # without and with the NVMe tier, batch 8, one timed step; then the offloading peers at the 8B shape (each
+    # supervised: a run the OOM killer ends still leaves its line). Sizes come from the box's memory and disk:
+    # host ~14.1 bytes a parameter without the tier (measured at 8B), 2 bytes for a layer whose moments and master
+    # are on the tier (12 bytes a parameter on disk), the tier holding as many of the last layers as the disk can.
+    start=$SECONDS
+    build_gpu sliding_bench
+    echo "build ok after $((SECONDS - start)) s"
+    dir=/var/tmp/slide-largest; mkdir -p "$dir"
+    avail_gb=$(awk '/MemAvailable/ {print int($2 / 1e6)}' /proc/meminfo)
+    disk_gb=$(df -B1000000000 --output=avail "$dir" | tail -1 | tr -dc 0-9)
+    read -r host_layers tier_total tier_layers <<< "$(python3 - "$avail_gb" "$disk_gb" <<'PY'
+import sys
+sys.path.insert(0, "bench/peers")
+from shapes import params
+avail, disk = (float(a) * 1e9 for a in sys.argv[1:3])
+layer = params("llama-8b@2") - params("llama-8b@1")
+margin = float(__import__("os").environ.get("LARGEST_MARGIN_GB", "8")) * 1e9
+fits = lambda n, k: 14.1 * (params(f"llama-8b@{n}") - k * layer) + 2.0 * k * layer + 2e9 <= avail - margin
+plain = max(n for n in range(1, 200) if fits(n, 0))
+k = int((disk - 4e9) // (12 * layer))
+tiered = max(n for n in range(k, 400) if fits(n, k))
+print(plain, tiered, k)
+PY
+)"
+    echo "host ${avail_gb} GB available, disk ${disk_gb} GB free: llama-8b@${host_layers} without the tier,"       "llama-8b@${tier_total} with its last ${tier_layers} layers on the tier"
+    for spec in ${LARGEST_RUNS:-"none:${host_layers}:0" "moments_and_master:${tier_total}:${tier_layers}"}; do
+      IFS=: read -r mode layers k <<< "$spec"
+      [ $((SECONDS - start)) -lt ${LARGEST_DEADLINE:-330} ] || { echo "skipped (time): $spec"; continue; }
+      [ "$mode" = none ] && mode=""
+      SLIDE_NVME_STATE=$mode SLIDE_NVME_LAYERS=$k SLIDE_NVME_DIR=$dir SLIDE_NVME_THREADS=4 SLIDE_NVME_BUFFERS=8 \
+        run ${LARGEST_TIMEOUT_S:-300} build-gpu/bench/sliding_bench llama-8b@$layers 8 1024 1 2 cuda 1.0
+      echo "$spec done after $((SECONDS - start)) s"; grep -E "Error|error|what" "$OUT/bench.err" | tail -2
+    done
+    [[ "${LARGEST_PEERS:-}" == *deepspeed* ]] && install_deepspeed
+    for peer in ${LARGEST_PEERS:-}; do  # e.g. "fsdp2:llama-8b deepspeed:llama-8b"
+      IFS=: read -r name shape <<< "$peer"
+      left=$(( ${LARGEST_BUDGET_S:-560} - (SECONDS - start) ))
+      [ $left -gt 60 ] || { echo "skipped (time): $peer"; continue; }
+      run $((left + 20)) python3 bench/peers/supervise.py --deadline $left \
+        --line "{\"bench\": \"peer\", \"peer\": \"$name\", \"shape\": \"$shape\", \"batch\": 8, \"seq\": 1024}" \
+        -- python3 bench/peers/peer_train.py "$name" "$shape" 8 1024 1
+      echo "$peer done after $((SECONDS - start)) s"
     done ;;
   tier)
     # The box's disk (64 GiB free) holds a 3B-shaped model's full optimizer state (12 B/param = 38.5 GB), not an

@@ -2,11 +2,12 @@
 // Usage: sliding_bench SHAPE BATCH [SEQ=1024] [STEPS=3] [WINDOW=2] [DEVICE=cuda] [MAX_GRAD_NORM=1.0]
 //   MAX_GRAD_NORM 0 disables clipping (updates then overlap the backward): the pair measures what exact
 //   clipping costs.
-//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, or a Hugging Face model directory (its config.json gives the
-//   shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
+//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48), or a Hugging Face model directory
+//   (its config.json gives the shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
 // SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
 // SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
-// NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it).
+// NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it); SLIDE_NVME_LAYERS=K
+// puts only the last K layers' state there (default: every unit), the rest staying in host memory.
 // SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
 // 0 on the CPU) on the device with their optimizer state, updated there.
 // SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
@@ -53,7 +54,12 @@ int main(int argc, char** argv) {
     }
     cfg = loaded.value();
   } else {
-    cfg = bench::LlamaShape(shape);
+    auto named = bench::LlamaShape(shape);
+    if (!named.ok()) {
+      std::fprintf(stderr, "sliding_bench: %s\n", named.status().ToString().c_str());
+      return 2;
+    }
+    cfg = named.value();
   }
   // SLIDE_KERNELS=0 runs the unfused LibTorch ops instead of the fused CUDA kernels (the with/without comparison).
   if (const char* k = std::getenv("SLIDE_KERNELS"); k != nullptr && std::string(k) == "0")
@@ -81,6 +87,7 @@ int main(int argc, char** argv) {
     nvme.buffers = static_cast<int>(env_int("SLIDE_NVME_BUFFERS", 6));
     nvme.io.queue_depth = static_cast<unsigned>(env_int("SLIDE_NVME_QD", 32));
     nvme.io.io_threads = static_cast<int>(env_int("SLIDE_NVME_THREADS", 2));
+    nvme.layers = env_int("SLIDE_NVME_LAYERS", -1);
   }
   PlanRequest plan_request;
   plan_request.model = cfg;
@@ -93,6 +100,7 @@ int main(int argc, char** argv) {
   plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
   plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
+  plan_request.nvme_layers = nvme.layers;
   const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
   const char* resident_env = std::getenv("SLIDE_RESIDENT");
   const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
@@ -115,7 +123,12 @@ int main(int argc, char** argv) {
   } else {
     plan_request.resident_layers = std::atoll(resident_mode.c_str());
   }
-  const MemoryPlan plan = PlanMemory(plan_request).value();
+  const auto planned = PlanMemory(plan_request);
+  if (!planned.ok()) {
+    std::fprintf(stderr, "sliding_bench: %s\n", planned.status().ToString().c_str());
+    return 2;
+  }
+  const MemoryPlan& plan = planned.value();
   std::fprintf(stderr, "%s", plan.ToString().c_str());
   ModelParams init = bench::RandomLlamaParams(cfg);
 
@@ -201,7 +214,8 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f, \"device_update\": %.3f}, "
-      "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme\": {\"wait_per_step_s\": %.3f, \"read_bytes_per_update\": "
+      "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
+      "\"read_bytes_per_update\": "
       "%.0f, "
       "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
       "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
@@ -216,8 +230,8 @@ int main(int argc, char** argv) {
       max_grad_norm, steps, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev,
       (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
       double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update,
-      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), sum.nvme, nvme_read, nvme_written,
-      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read,
+      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
       trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,

@@ -6,14 +6,19 @@
                       activation checkpointing (where it fits)
           fsdp2       PyTorch FSDP2 (fully_shard) on one GPU with CPUOffloadPolicy: parameters, gradients and the
                       AdamW step on the host, bf16 compute (MixedPrecisionPolicy), checkpointing
+          fwdbwd      PyTorch + HF Transformers on the GPU, bf16 weights, forward + backward with activation
+                      checkpointing and no optimizer: the throughput ceiling of the GPU work alone, which an
+                      offloading trainer matches when its transfers and updates are fully hidden
           deepspeed   DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (ZeRO-Offload, DeepSpeed's
                       CPU Adam), bf16, checkpointing
-    SHAPE llama-1b | llama-3b | llama-8b (the shapes of bench/llama_shapes.h: vocab 128256)
+    SHAPE llama-1b | llama-3b | llama-8b (the shapes of bench/llama_shapes.h: vocab 128256), optionally @LAYERS
+          for that shape at another depth (llama-8b@48: 11.5B parameters), as the largest-model ladder uses
 
 Same work as slideformer's sliding_bench: BATCH sequences of SEQ random tokens per optimizer step, one micro-batch,
 AdamW (lr 1e-5, betas 0.9/0.95, weight decay 0.1), global-norm clipping at 1.0. One warm-up step, then STEPS timed
 steps (CUDA synchronised). Prints tokens/s, the model TFLOPS the same way (6*N*tokens + attention), peak GPU memory
-(allocator) and peak host RSS; on failure (e.g. out of memory) a line with "error".
+(allocator) and peak host RSS; on failure (e.g. out of memory) a line with "error". Lines {"phase": ...} say
+where it is, for bench/peers/supervise.py, which reports a run killed before it could print (the OOM killer).
 """
 import json
 import os
@@ -23,18 +28,14 @@ import time
 
 import torch
 
-SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
-    "llama-1b": (2048, 8192, 16, 32, 8, True),
-    "llama-3b": (3072, 8192, 28, 24, 8, True),
-    "llama-8b": (4096, 14336, 32, 32, 8, False),
-}
+from shapes import VOCAB, dims
 
 
 def llama_config(shape):
     from transformers import LlamaConfig
 
-    h, ff, layers, heads, kv, tied = SHAPES[shape]
-    return LlamaConfig(vocab_size=128256, hidden_size=h, intermediate_size=ff, num_hidden_layers=layers,
+    h, ff, layers, heads, kv, tied = dims(shape)
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=h, intermediate_size=ff, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv, rope_theta=500000.0,
                        max_position_embeddings=8192, tie_word_embeddings=tied, rms_norm_eps=1e-5,
                        attn_implementation="sdpa")
@@ -54,7 +55,7 @@ def build_model(shape, dtype, device):
 def batches(batch, seq, n):
     g = torch.Generator().manual_seed(1)
     for _ in range(n):
-        ids = torch.randint(0, 128256, (batch, seq), generator=g)
+        ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
         yield ids.cuda(non_blocking=True)
 
 
@@ -77,6 +78,18 @@ def run_plain(shape, batch, seq, steps):
     model = build_model(shape, torch.float32, "cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     return model, clipped_step(model, opt, autocast=True)
+
+
+def run_fwdbwd(shape, batch, seq, steps):
+    model = build_model(shape, torch.bfloat16, "cuda")
+
+    def step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
 
 
 def run_fsdp2(shape, batch, seq, steps):
@@ -132,11 +145,15 @@ def run_deepspeed(shape, batch, seq, steps):
     return engine, step
 
 
+def phase(name):
+    print(json.dumps({"phase": name}), flush=True)
+
+
 def main():
     mode, shape, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
     seq = int(sys.argv[4]) if len(sys.argv) > 4 else 1024
     steps = int(sys.argv[5]) if len(sys.argv) > 5 else 3
-    h, ff, layers, heads, kv, tied = SHAPES[shape]
+    h, ff, layers, heads, kv, tied = dims(shape)
     out = {"bench": "peer", "peer": mode, "shape": shape, "batch": batch, "seq": seq, "steps": steps,
            "torch": torch.__version__}
     try:
@@ -147,14 +164,17 @@ def main():
             import deepspeed
 
             out["deepspeed"] = deepspeed.__version__
-        setup = {"plain": run_plain, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed}[mode]
+        setup = {"plain": run_plain, "fwdbwd": run_fwdbwd, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed}[mode]
         t_setup = time.time()
+        phase("setup")
         model, step = setup(shape, batch, seq, steps)
         out["setup_s"] = round(time.time() - t_setup, 1)
         n = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
         data = batches(batch, seq, steps + 1)
-        step(next(data))  # warm-up
+        phase("warm-up")
+        step(next(data))
         torch.cuda.synchronize()
+        phase("steps")
         t0 = time.time()
         loss = None
         for ids in data:

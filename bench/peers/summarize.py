@@ -3,32 +3,72 @@
 
   summarize.py RESULTS.jsonl [OUT_PREFIX]
 
-Writes OUT_PREFIX.md (tokens/s per shape and batch, and ours / each peer) and OUT_PREFIX.svg (tokens/s by model
-size, one line per system). Only lines of the same commit as the newest "sliding" line are compared: a ratio counts
-only between runs of the same call on the same box.
+Writes OUT_PREFIX.md (tokens/s per shape and batch, and ours / each peer; then the largest-model ladder: every run
+at another depth (SHAPE@LAYERS) or with the NVMe tier, and every offloading peer's failure, by size) and OUT_PREFIX.svg
+(tokens/s by model size, one line per system). Only lines of the same commit as the newest "sliding" line are
+compared: a ratio counts only between runs of the same call on the same box.
 """
 import json
 import sys
 from collections import defaultdict
 
-SYSTEMS = ["ours", "plain", "fsdp2", "deepspeed"]
-LABELS = {"ours": "slideformer", "plain": "PyTorch+HF on GPU", "fsdp2": "FSDP2 CPU offload",
-          "deepspeed": "DeepSpeed ZeRO-3 offload"}
+from shapes import params
+
+SYSTEMS = ["ours", "plain", "fwdbwd", "fsdp2", "deepspeed"]
+LABELS = {"ours": "slideformer", "plain": "PyTorch+HF on GPU", "fwdbwd": "PyTorch+HF fwd+bwd only",
+          "fsdp2": "FSDP2 CPU offload", "deepspeed": "DeepSpeed ZeRO-3 offload"}
+
+
+def read_rows(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def in_ladder(r):
+    """A run of the largest-model ladder: another depth, the NVMe tier, or an offloading peer that failed."""
+    return "@" in r.get("shape", "") or r.get("nvme_state", "none") != "none" or (
+        r.get("bench") == "peer" and r.get("peer") in ("fsdp2", "deepspeed") and "error" in r)
 
 
 def load(path):
-    rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
-    ours = [r for r in rows if r.get("bench") == "sliding" and r.get("nvme_state", "none") == "none"]
+    rows = read_rows(path)
+    ours = [r for r in rows if r.get("bench") == "sliding" and not in_ladder(r)]
     commit = ours[-1].get("commit") if ours else None
     table = defaultdict(dict)  # (shape, batch) -> system -> row
     for r in rows:
-        if r.get("commit") != commit:
+        if r.get("commit") != commit or ("@" in r.get("shape", "") or r.get("nvme_state", "none") != "none"):
             continue
-        if r.get("bench") == "sliding" and r.get("nvme_state", "none") == "none":
+        if r.get("bench") == "sliding":
             table[(r["shape"], r["batch"])]["ours"] = r
         elif r.get("bench") == "peer":
             table[(r["shape"], r["batch"])][r["peer"]] = r
     return commit, table
+
+
+def ladder(path):
+    """Markdown rows of the largest-model ladder, by system and size (every commit: the runs take several calls)."""
+    runs = []
+    for r in read_rows(path):
+        if r.get("bench") not in ("sliding", "peer") or not in_ladder(r):
+            continue
+        tier = r.get("nvme_state", "none")
+        if r.get("bench") == "peer":
+            system = LABELS.get(r["peer"], r["peer"])
+        elif tier == "none":
+            system = "slideformer"
+        else:
+            layers = r.get("nvme_layers", -1)
+            system = f"slideformer + NVMe tier ({tier}" + (f", last {layers} layers)" if layers > 0 else ")")
+        disk = r.get("nvme", {}).get("disk_bytes", 0)
+        result = ("failed: " + r["error"]) if "error" in r else f"{r['tokens_per_s']:,.0f} tokens/s"
+        runs.append((system, r.get("params") or params(r["shape"]), r["shape"], r.get("batch"),
+                     r.get("peak_host_rss_bytes", 0), disk, result, r.get("commit", "?")))
+    out = ["| system | shape | parameters | batch | result | peak host RSS | on disk | commit |",
+           "|---|---|---|---|---|---|---|---|"]
+    for system, n, shape, batch, rss, disk, result, commit in sorted(runs):
+        out.append(f"| {system} | {shape} | {n / 1e9:.2f}B | {batch} | {result} | {rss / 2**30:.1f} GiB | "
+                   f"{disk / 1e9:.1f} GB | {commit} |")
+    return out
 
 
 def cell(row):
@@ -39,7 +79,7 @@ def cell(row):
     return f"{row['tokens_per_s']:,.0f}"
 
 
-def markdown(commit, table):
+def markdown(commit, table, path=None):
     out = [f"Tokens/s on one H200 (commit {commit}; seq 1024; ours with a 24 GiB GPU budget).", "",
            "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours / " +
            " | ours / ".join(LABELS[s] for s in SYSTEMS[1:]) + " |",
@@ -57,11 +97,16 @@ def markdown(commit, table):
             "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours bounded by | ours overlap |",
             "|" + "---|" * (2 + len(SYSTEMS) + 2)]
     for (shape, batch), by in sorted(table.items()):
-        gib = [f"{by[s]['peak_gpu_bytes'] / 2**30:.1f} / {by[s].get('peak_host_rss_bytes', 0) / 2**30:.1f}"
-               if s in by and by[s].get("peak_gpu_bytes") else "-" for s in SYSTEMS]
+        gib = [(f"{by[s]['peak_gpu_bytes'] / 2**30:.1f}" if by[s].get("peak_gpu_bytes") else "-") +
+               f" / {by[s].get('peak_host_rss_bytes', 0) / 2**30:.1f}"  # a failed run: its host peak till then
+               if s in by and (by[s].get("peak_gpu_bytes") or by[s].get("peak_host_rss_bytes")) else "-"
+               for s in SYSTEMS]
         ours = by.get("ours", {})
         out.append(f"| {shape} | {batch} | " + " | ".join(gib) +
                    f" | {ours.get('bounded_by', '-')} | {ours.get('overlap_ratio', '-')} |")
+    rows = ladder(path) if path else []
+    if len(rows) > 2:
+        out += ["", "The largest-model ladder (the box: 125 GiB of host memory, 64 GiB of disk):", ""] + rows
     return "\n".join(out) + "\n"
 
 
@@ -76,7 +121,7 @@ def svg(table):
     w, h, m = 640, 400, 60
     x = lambda v: m + (v - 0) / 9.0 * (w - 2 * m)
     y = lambda v: h - m - v / (top * 1.1) * (h - 2 * m)
-    colors = {"ours": "#d62728", "plain": "#1f77b4", "fsdp2": "#2ca02c", "deepspeed": "#9467bd"}
+    colors = {"ours": "#d62728", "plain": "#1f77b4", "fwdbwd": "#17becf", "fsdp2": "#2ca02c", "deepspeed": "#9467bd"}
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
              'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
              f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
@@ -102,11 +147,12 @@ def svg(table):
 def main():
     commit, table = load(sys.argv[1])
     prefix = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1].rsplit(".", 1)[0]
+    md = markdown(commit, table, sys.argv[1])
     with open(prefix + ".md", "w") as f:
-        f.write(markdown(commit, table))
+        f.write(md)
     with open(prefix + ".svg", "w") as f:
         f.write(svg(table))
-    print(markdown(commit, table))
+    print(md)
 
 
 if __name__ == "__main__":
