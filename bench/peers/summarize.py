@@ -80,7 +80,8 @@ def cell(row):
 
 
 def markdown(commit, table, path=None):
-    out = [f"Tokens/s on one H200 (commit {commit}; seq 1024; ours with a 24 GiB GPU budget).", "",
+    hardware = next((r.get("hardware") for by in table.values() for r in by.values() if r.get("hardware")), "?")
+    out = [f"Tokens/s on {hardware} (commit {commit}; seq 1024; ours with a 24 GiB GPU budget).", "",
            "| shape | batch | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | ours / " +
            " | ours / ".join(LABELS[s] for s in SYSTEMS[1:]) + " |",
            "|" + "---|" * (2 + 2 * len(SYSTEMS) - 1)]
