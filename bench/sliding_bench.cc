@@ -95,7 +95,15 @@ int main(int argc, char** argv) {
   plan_request.seq_len = seq;
   plan_request.lm_head_chunk_tokens = 4096;
   plan_request.window = window;
-  plan_request.checkpoints = CheckpointPlacement::kDevice;
+  // SLIDE_CHECKPOINTS=host parks each layer's input in pinned host memory, so batches whose inputs would not fit
+  // beside the window in the budget run (the critical batch under exact clipping); default device.
+  const char* ckpt_env = std::getenv("SLIDE_CHECKPOINTS");
+  const std::string ckpt = ckpt_env != nullptr && *ckpt_env != '\0' ? ckpt_env : "device";
+  if (ckpt != "device" && ckpt != "host") {
+    std::fprintf(stderr, "sliding_bench: SLIDE_CHECKPOINTS must be device or host, got '%s'\n", ckpt.c_str());
+    return 2;
+  }
+  plan_request.checkpoints = ckpt == "host" ? CheckpointPlacement::kHost : CheckpointPlacement::kDevice;
   plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
   plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
@@ -141,7 +149,7 @@ int main(int argc, char** argv) {
   o.loss.chunk_tokens = 4096;
   SlidingOptions so{.train = o,
                     .window = window,
-                    .checkpoints_on_host = false,
+                    .checkpoints_on_host = plan.checkpoints_on_host,
                     .device_budget_bytes = gpu_budget,
                     .trace = trace_out != nullptr};
   so.nvme = nvme;
@@ -205,7 +213,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"resident_layers\": %lld, \"device_update_share\": %.2f, "
+      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, \"resident_layers\": %lld, "
+      "\"device_update_share\": %.2f, "
       "\"max_grad_norm\": %.2f, "
       "\"steps\": %d, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
@@ -226,13 +235,13 @@ int main(int argc, char** argv) {
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)window, (long long)plan.resident_layers, so.device_update_share,
-      max_grad_norm, steps, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev,
-      (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()),
-      double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update,
-      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read,
-      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      (long long)batch, (long long)seq, (long long)window, plan.checkpoints_on_host ? "true" : "false",
+      (long long)plan.resident_layers, so.device_update_share, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
+      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
+      double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update,
+      sum.wait_update, sum.device_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
+      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
+      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
