@@ -121,11 +121,11 @@ void SlidingTrainer::Init() {
     auto index = TierUnitIndex(layout_.num_layers(), opts_.nvme);
     TORCH_CHECK(index.ok(), index.status().ToString());
     tier_index_ = std::move(index).value();
-  }
-  if (!tier_ && opts_.nvme.mode != TierMode::kNone) {
-    auto tier = OpenTier(layout_, opts_);
-    TORCH_CHECK(tier.ok(), tier.status().ToString());
-    tier_ = std::move(tier).value();
+    if (!tier_) {
+      auto tier = OpenTier(layout_, opts_);
+      TORCH_CHECK(tier.ok(), tier.status().ToString());
+      tier_ = std::move(tier).value();
+    }
   }
   TORCH_CHECK(!tier_ || static_cast<int64_t>(tier_->units()) ==
                             std::count_if(tier_index_.begin(), tier_index_.end(), [](int64_t i) { return i >= 0; }),
