@@ -24,18 +24,11 @@ import time
 POLL_S = 0.2
 
 
-def mem_available_bytes():
+def meminfo_bytes(field):
+    """A /proc/meminfo field (MemAvailable, MemTotal) in bytes."""
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def mem_total_bytes():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -91,10 +84,10 @@ def main():
 
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
-    peak_rss, min_avail, timed_out = 0, mem_available_bytes(), False
+    peak_rss, min_avail, timed_out = 0, meminfo_bytes("MemAvailable"), False
     while child.poll() is None:
         peak_rss = max(peak_rss, group_rss_bytes(child.pid))
-        min_avail = min(min_avail, mem_available_bytes())
+        min_avail = min(min_avail, meminfo_bytes("MemAvailable"))
         if args.deadline > 0 and time.monotonic() - start > args.deadline and not timed_out:
             timed_out = True
             os.killpg(child.pid, signal.SIGTERM)
@@ -119,7 +112,7 @@ def main():
     elif rc < 0:
         name = signal.Signals(-rc).name
         error = f"killed by {name} after {secs:.0f} s in phase {phase}"
-        if -rc == signal.SIGKILL and min_avail < 0.05 * mem_total_bytes():
+        if -rc == signal.SIGKILL and min_avail < 0.05 * meminfo_bytes("MemTotal"):
             error += f" (host memory available fell to {min_avail / 2**30:.1f} GiB, the kernel's OOM killer)"
     else:
         error = f"exited with status {rc} after {secs:.0f} s in phase {phase}"
