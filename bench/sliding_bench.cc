@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   so.device_update_share = share;
   so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
   SlidingTrainer trainer(cfg, std::move(init), so);
+  const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
   // The tier's traffic from here on: steps + 1 update passes (the warm-up's included), all drained at the end.
   const int64_t nvme_read0 = trainer.tier() ? trainer.tier()->store().bytes_read() : 0;
@@ -220,7 +221,8 @@ int main(int argc, char** argv) {
       "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
       "\"planned_gpu_bytes\": %lld, "
-      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"host_rss_bytes_after\": %.0f, "
+      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"peak_host_rss_after_setup_bytes\": %.0f, "
+      "\"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f, \"device_update\": %.3f}, "
       "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
@@ -238,10 +240,11 @@ int main(int argc, char** argv) {
       (long long)batch, (long long)seq, (long long)window, plan.checkpoints_on_host ? "true" : "false",
       (long long)plan.resident_layers, so.device_update_share, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
-      double(PeakResidentHostBytes()), double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update,
-      sum.wait_update, sum.device_update, FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
-      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
-      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
+      sum.cpu_update, sum.wait_update, sum.device_update, FusedKernelsEnabled() ? "true" : "false",
+      TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
+      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

@@ -157,12 +157,6 @@ void SlidingTrainer::Init() {
     const int64_t numel = layout_.units[u].numel;
     return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_() : at::zeros({numel}, host_f32);
   };
-  exp_avg_.layout = exp_avg_sq_.layout = layout_;
-  for (size_t u = 0; u < n_units; ++u) {  // in host memory unless on the device or on the tier
-    const bool on_host = !Resident(u) && !OnTier(u);
-    exp_avg_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
-    exp_avg_sq_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
-  }
   unit_sqnorm_.assign(n_units, 0.0);
   for (auto* v :
        {&dev_weights_, &dev_master_, &dev_exp_avg_, &dev_exp_avg_sq_, &dev_grad_, &dev_grad_accum_, &dev_norm_})
@@ -194,6 +188,14 @@ void SlidingTrainer::Init() {
       TORCH_CHECK(st.ok(), "writing the master weights to the NVMe tier: ", st.ToString());
       master_.units[u] = at::Tensor();
     }
+  }
+  // The moments last: by now the masters that moved to the device or the tier are gone, so the host's peak during
+  // start-up is the plan's total rather than that plus those masters (10 GiB at 13B with 24 layers tiered).
+  exp_avg_.layout = exp_avg_sq_.layout = layout_;
+  for (size_t u = 0; u < n_units; ++u) {  // in host memory unless on the device or on the tier
+    const bool on_host = !Resident(u) && !OnTier(u);
+    exp_avg_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
+    exp_avg_sq_.units.push_back(on_host ? host_zeros(u) : at::Tensor());
   }
 
   int64_t slot_numel = 0;
