@@ -155,10 +155,11 @@ case "$phase" in
     done ;;
   largest)
     # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
-    # without and with the NVMe tier, batch 8, one timed step; then the offloading peers at the 8B shape (each
-    # supervised: a run the OOM killer ends still leaves its line). Sizes come from the box's memory and disk:
-    # host ~14.1 bytes a parameter without the tier (measured at 8B), 2 bytes for a layer whose moments and master
-    # are on the tier (12 bytes a parameter on disk), the tier holding as many of the last layers as the disk can.
+    # without and with the NVMe tier, batch 8, one timed step; then the offloading peers (each supervised: a run the
+    # OOM killer ends still leaves its line). Sizes come from the memory plan (SLIDE_PLAN_ONLY; within 1 GiB of the
+    # host peak measured at 8B) against the box's free memory less LARGEST_OVERHEAD_GB (default 5: the CUDA context
+    # and libraries) and its free disk: the deepest model in host memory, and with the tier holding the moments and
+    # master of as many of the last layers as the disk can.
     start=$SECONDS
     build_gpu sliding_bench
     echo "build ok after $((SECONDS - start)) s"
@@ -166,20 +167,30 @@ case "$phase" in
     avail_gb=$(awk '/MemAvailable/ {print int($2 / 1e6)}' /proc/meminfo)
     disk_gb=$(df -B1000000000 --output=avail "$dir" | tail -1 | tr -dc 0-9)
     read -r host_layers tier_total tier_layers <<< "$(python3 - "$avail_gb" "$disk_gb" <<'PY'
-import sys
-sys.path.insert(0, "bench/peers")
-from shapes import params
+import json, os, subprocess, sys
 avail, disk = (float(a) * 1e9 for a in sys.argv[1:3])
-layer = params("llama-8b@2") - params("llama-8b@1")
-margin = float(__import__("os").environ.get("LARGEST_MARGIN_GB", "8")) * 1e9
-fits = lambda n, k: 14.1 * (params(f"llama-8b@{n}") - k * layer) + 2.0 * k * layer + 2e9 <= avail - margin
-plain = max(n for n in range(1, 200) if fits(n, 0))
-k = int((disk - 4e9) // (12 * layer))
-tiered = max(n for n in range(k, 400) if fits(n, k))
-print(plain, tiered, k)
+overhead = float(os.environ.get("LARGEST_OVERHEAD_GB", "5")) * 1e9
+
+def plan(layers, tiered=-1):
+    env = dict(os.environ, SLIDE_PLAN_ONLY="1", SLIDE_NVME_STATE="moments_and_master" if tiered > 0 else "",
+               SLIDE_NVME_LAYERS=str(tiered))
+    args = ["build-gpu/bench/sliding_bench", f"llama-8b@{layers}", "8", "1024", "1", "2", "cuda", "1.0"]
+    return json.loads(subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout)
+
+def deepest(fits, n):  # the largest depth that fits, walking from n
+    while n > 1 and not fits(n):
+        n -= 1
+    while fits(n + 1):
+        n += 1
+    return n
+
+host_fits = lambda tiered: lambda n: n >= max(tiered, 1) and plan(n, tiered)["planned_host_bytes"] + overhead <= avail
+plain = deepest(host_fits(-1), 32)
+k = int((disk - 4e9) // plan(2, 1)["nvme_bytes"])
+print(plain, deepest(host_fits(k), plain + k // 2), k)
 PY
 )"
-    echo "host ${avail_gb} GB available, disk ${disk_gb} GB free: llama-8b@${host_layers} without the tier,"       "llama-8b@${tier_total} with its last ${tier_layers} layers on the tier"
+    echo "host ${avail_gb} GB available, disk ${disk_gb} GB free: llama-8b@${host_layers} without the tier, llama-8b@${tier_total} with its last ${tier_layers} layers on the tier"
     for spec in ${LARGEST_RUNS:-"none:${host_layers}:0" "moments_and_master:${tier_total}:${tier_layers}"}; do
       IFS=: read -r mode layers k <<< "$spec"
       [ $((SECONDS - start)) -lt ${LARGEST_DEADLINE:-330} ] || { echo "skipped (time): $spec"; continue; }

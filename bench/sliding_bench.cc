@@ -4,6 +4,7 @@
 //   clipping costs.
 //   SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48), or a Hugging Face model directory
 //   (its config.json gives the shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
+// SLIDE_PLAN_ONLY=1 prints the memory plan's totals and stops before allocating anything.
 // SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
 // SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
 // NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it); SLIDE_NVME_LAYERS=K
@@ -138,6 +139,16 @@ int main(int argc, char** argv) {
   }
   const MemoryPlan& plan = planned.value();
   std::fprintf(stderr, "%s", plan.ToString().c_str());
+  // SLIDE_PLAN_ONLY=1: the plan's totals as one JSON line, nothing allocated (run_gpu.sh largest sizes its ladder
+  // with it; the plan was within 1 GiB of the measured host peak at 8B).
+  if (const char* only = std::getenv("SLIDE_PLAN_ONLY"); only != nullptr && std::string(only) == "1") {
+    std::printf(
+        "{\"bench\": \"plan\", \"shape\": \"%s\", \"params\": %lld, \"resident_layers\": %lld, "
+        "\"planned_gpu_bytes\": %lld, \"planned_host_bytes\": %lld, \"nvme_bytes\": %lld}\n",
+        shape.c_str(), (long long)cfg.TotalParamCount(), (long long)plan.resident_layers, (long long)plan.device_total,
+        (long long)plan.host_total, (long long)plan.nvme_bytes);
+    return 0;
+  }
   ModelParams init = bench::RandomLlamaParams(cfg);
 
   TrainerOptions o;
