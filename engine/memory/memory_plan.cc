@@ -28,7 +28,8 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.checkpoints_on_host = ckpt_on_host;
   p.slot_bytes = window * s.max_layer * e;
   p.edge_bytes = (s.embed + s.head) * e;
-  p.checkpoint_bytes = ckpt_on_host ? 0 : s.layers * s.tokens * s.hidden * e;
+  // On the host: the two device buffers parked inputs come back into, one layer ahead of the backward.
+  p.checkpoint_bytes = (ckpt_on_host ? 2 : s.layers) * s.tokens * s.hidden * e;
   p.reserved_bytes = r.device_reserved_bytes;
   p.resident_layers = resident;
   p.resident_bytes = resident * s.max_layer * ResidentBytesPerParam(r);

@@ -45,7 +45,7 @@ struct MemoryPlan {
   // Device bytes.
   int64_t slot_bytes = 0;        // all layer slots
   int64_t edge_bytes = 0;        // embedding + head weights
-  int64_t checkpoint_bytes = 0;  // layer inputs kept on the device
+  int64_t checkpoint_bytes = 0;  // layer inputs kept on the device (parked on the host: the 2 they come back into)
   int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;

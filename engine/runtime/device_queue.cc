@@ -33,6 +33,9 @@ struct DeviceQueue::Cuda {
   c10::cuda::CUDAStream up, down;  // streamed updates
   std::vector<Event> loaded, released;
   std::vector<bool> released_recorded;
+  // Parked layer inputs, per layer: its D2H copy landed (parked) and its H2D copy back has read it (unparked).
+  std::vector<Event> parked, unparked;
+  std::vector<bool> parked_recorded, unparked_recorded;
   // Streamed updates: per ring slot, kernel done (upload stream) and buffer free (download stream); per unit,
   // its last update written back; (start, written back) per unit for busy time, read by the engine thread.
   std::vector<Event> ring_up_done, ring_down_done;
@@ -54,6 +57,14 @@ struct DeviceQueue::Cuda {
     for (int i = 0; i < slots; ++i) {
       loaded.emplace_back();
       released.emplace_back();
+    }
+  }
+  void GrowParked(int64_t index) {
+    while (static_cast<int64_t>(parked.size()) <= index) {
+      parked.emplace_back();
+      unparked.emplace_back();
+      parked_recorded.push_back(false);
+      unparked_recorded.push_back(false);
     }
   }
   static std::shared_ptr<Event> Mark(const c10::cuda::CUDAStream& s) {
@@ -309,6 +320,36 @@ std::function<void()> DeviceQueue::Offload(at::Tensor dst, const at::Tensor& src
   cpu_busy_.d2h += TraceNow() - t0;
   cpu_spans_.push_back({"gpu.d2h", "d2h", t0, TraceNow()});
   return [] {};
+}
+
+void DeviceQueue::Park(int64_t index, at::Tensor dst, const at::Tensor& src) {
+#if SLIDE_HAVE_CUDA
+  if (cuda_) {
+    auto& c = *cuda_;
+    c.GrowParked(index);
+    if (c.unparked_recorded[index]) c.unparked[index].block(c.d2h);  // the previous micro-batch's copy back
+    Offload(std::move(dst), src);
+    c.parked[index].record(c.d2h);
+    c.parked_recorded[index] = true;
+    return;
+  }
+#endif
+  Offload(std::move(dst), src);
+}
+
+void DeviceQueue::Unpark(int64_t index, int slot, at::Tensor dst, const at::Tensor& src) {
+#if SLIDE_HAVE_CUDA
+  if (cuda_) {
+    auto& c = *cuda_;
+    c.GrowParked(index);
+    if (c.parked_recorded[index]) c.parked[index].block(c.h2d);
+    LoadSlot(slot, std::move(dst), src);
+    c.unparked[index].record(c.h2d);
+    c.unparked_recorded[index] = true;
+    return;
+  }
+#endif
+  LoadSlot(slot, std::move(dst), src);
 }
 
 void DeviceQueue::BeginCompute() {

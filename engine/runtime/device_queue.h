@@ -62,6 +62,13 @@ class DeviceQueue {
   // thread) before reading `dst`.
   std::function<void()> Offload(at::Tensor dst, const at::Tensor& src);
 
+  // Layer inputs kept in host memory between the forward and the backward, both copies asynchronous. Park: device
+  // `src` into host `dst` (an Offload) once the last Unpark of `index` has read `dst`. Unpark: host `src` back into
+  // the device buffer `dst` of `slot` (a LoadSlot: after compute released the slot's previous contents; compute
+  // waits for it through UseSlot) once index's Park has landed. On the CPU both are plain copies.
+  void Park(int64_t index, at::Tensor dst, const at::Tensor& src);
+  void Unpark(int64_t index, int slot, at::Tensor dst, const at::Tensor& src);
+
   // Streamed updates: the device runs AdamW for units whose state stays in host memory, adding the copy engines'
   // bandwidth to the CPU's. Each unit goes through a ring of `ring` device buffers of `chunk` elements on an
   // upload stream (state and gradient up, then the kernel) and a download stream (state and weights back); a

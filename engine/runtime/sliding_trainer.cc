@@ -96,7 +96,8 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
                                                                  MemoryPlan* plan_out) {
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
-  options.checkpoints_on_host = plan.checkpoints_on_host;
+  // On the CPU the device is host memory: parking its layer inputs would only copy them.
+  options.checkpoints_on_host = plan.checkpoints_on_host && options.train.device.is_cuda();
   options.device_budget_bytes = request.device_budget_bytes;
   options.resident_layers = plan.resident_layers;
   SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, options));
@@ -115,7 +116,8 @@ void SlidingTrainer::Init() {
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
   if (on_cuda_) LimitDeviceMemory(opts_.device_budget_bytes);
   const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
-  queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 2);
+  // Slots: the window's layers, the embedding, the head, and two buffers parked layer inputs come back into.
+  queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 4);
 
   if (opts_.nvme.mode != TierMode::kNone) {
     auto index = TierUnitIndex(layout_.num_layers(), opts_.nvme);
@@ -276,19 +278,40 @@ void SlidingTrainer::WaitForUpdates() {
   queue_->SyncStreamedUpdates();
 }
 
+// The layer's input goes to its own host buffer (page-locked, exactly its size: LibTorch's pinned allocator would
+// round 384 MiB up to 512) on the D2H stream while the forward goes on.
 at::Tensor SlidingTrainer::Park(const at::Tensor& x, int64_t index) {
-  if (!opts_.checkpoints_on_host || !on_cuda_) return x;
+  if (!opts_.checkpoints_on_host) return x;
   if (parked_host_.size() <= static_cast<size_t>(index)) parked_host_.resize(index + 1);
-  at::Tensor& host = parked_host_[index];
-  if (!host.defined() || host.sizes() != x.sizes())
-    host = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(x);  // synchronous for now: parking on the host is off by default
+  at::Tensor& flat = parked_host_[index];
+  if (!flat.defined() || flat.numel() < x.numel()) {
+    if (flat.defined()) retired_host_.push_back(flat);  // page-locked until the queue goes: keep it alive
+    flat = queue_->AllocateHost(x.numel(), x.scalar_type());
+  }
+  at::Tensor host = flat.narrow(0, 0, x.numel()).view(x.sizes());
+  queue_->Park(index, host, x);
   return host;
 }
 
-at::Tensor SlidingTrainer::Unpark(const at::Tensor& parked) {
-  if (parked.device() == opts_.train.device) return parked;
-  return parked.to(opts_.train.device);
+// Layer `layer`'s parked input back on the device, into buffer layer % 2 (the one the layer after it released),
+// on the H2D stream; the layer's compute waits for it through UseSlot(ParkedSlot(layer)).
+void SlidingTrainer::Unpark(int64_t layer, const at::Tensor& parked) {
+  at::Tensor& flat = parked_dev_[layer % 2];
+  if (!flat.defined() || flat.numel() < parked.numel()) {
+    flat = at::empty({parked.numel()}, device_opts_.dtype(parked.scalar_type()));
+    queue_->ReleaseSlot(ParkedSlot(layer));  // the copy waits for compute still using this memory's last owner
+  }
+  queue_->Unpark(layer, ParkedSlot(layer), ParkedOnDevice(layer, parked), parked);
+}
+
+int64_t SlidingTrainer::parked_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& t : parked_host_) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  return bytes;
+}
+
+at::Tensor SlidingTrainer::ParkedOnDevice(int64_t layer, const at::Tensor& parked) {
+  return parked_dev_[layer % 2].narrow(0, 0, parked.numel()).view(parked.sizes());
 }
 
 // With bf16 compute and no accumulation a unit's gradient lands in its own staging buffer: the staging
@@ -589,14 +612,21 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
       const int w = static_cast<int>(i % W);
       const bool in_slot = !Resident(1 + i);
       at::Tensor weights = SlotView(i).detach().requires_grad_(true);
-      at::Tensor xi = Unpark(parked[i]).detach().requires_grad_(true);
+      const bool from_host = opts_.checkpoints_on_host;
+      if (from_host) {  // parked inputs come back one layer ahead of their backward
+        if (i == L - 1) Unpark(i, parked[i]);
+        if (i > 0) Unpark(i - 1, parked[i - 1]);
+      }
+      at::Tensor xi = (from_host ? ParkedOnDevice(i, parked[i]) : parked[i]).detach().requires_grad_(true);
       if (in_slot) queue_->UseSlot(w);
+      if (from_host) queue_->UseSlot(ParkedSlot(i));
       queue_->BeginCompute();
       at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
       y.backward(dx);
       dx = xi.grad();
       queue_->EndCompute();
       if (in_slot) queue_->ReleaseSlot(w);
+      if (from_host) queue_->ReleaseSlot(ParkedSlot(i));
       parked[i] = at::Tensor();
       if (i - W >= 0) EnsureLoaded(i - W);
       LandGrad(1 + i, weights.grad(), first, last);

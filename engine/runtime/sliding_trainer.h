@@ -128,6 +128,7 @@ class SlidingTrainer {
   int64_t steps_taken() const { return step_; }
   int64_t slot_loads() const { return slot_loads_; }               // host->device unit copies so far
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
+  int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 
  private:
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
@@ -153,8 +154,10 @@ class SlidingTrainer {
   void TakeWorkerErrors();  // the first error of any update worker into update_error_ (sticky)
   void CheckUpdates();      // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
-  at::Tensor Park(const at::Tensor& x, int64_t index);
-  at::Tensor Unpark(const at::Tensor& parked);
+  at::Tensor Park(const at::Tensor& x, int64_t index);                 // returns what the backward unparks (or x)
+  void Unpark(int64_t layer, const at::Tensor& parked);                // issues the copy back to the device
+  at::Tensor ParkedOnDevice(int64_t layer, const at::Tensor& parked);  // where Unpark puts it
+  int ParkedSlot(int64_t layer) const { return static_cast<int>(opts_.window + 2 + layer % 2); }
 
   ModelConfig cfg_;
   ModelLayout layout_;
@@ -185,8 +188,10 @@ class SlidingTrainer {
   std::vector<int64_t> slot_version_;  // weights version it was loaded at
   at::Tensor embed_dev_, head_dev_;
   int64_t embed_version_ = -1, head_version_ = -1;
-  int64_t weights_version_ = 0;  // bumped by every optimizer step
-  std::vector<at::Tensor> parked_host_;
+  int64_t weights_version_ = 0;           // bumped by every optimizer step
+  std::vector<at::Tensor> parked_host_;   // [layers] page-locked buffers the forward parks layer inputs in
+  std::vector<at::Tensor> retired_host_;  // outgrown ones, page-locked while the queue lives
+  at::Tensor parked_dev_[2];              // device buffers parked inputs come back into, by layer % 2
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;

@@ -301,6 +301,37 @@ TEST(SlidingTrainer, RefusesANvmeLayerCountOutsideTheModel) {
   }
 }
 
+// Layer inputs parked in host memory between the forward and the backward (copied out behind the forward, back one
+// layer ahead of the backward, through two device buffers) change where the inputs wait, not the arithmetic:
+// bit-identical to keeping them on the device, with one and two slots, accumulation, fp32 and bf16.
+TEST(SlidingTrainer, LayerInputsParkedOnTheHostAreBitIdenticalToKeepingThemOnTheDevice) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  for (c10::ScalarType dtype : {c10::kFloat, c10::kBFloat16})
+    for (int64_t window : {1, 2})
+      for (int64_t accum : {1, 2}) {
+        SCOPED_TRACE(std::string(dtype == c10::kFloat ? "fp32" : "bf16") + " window " + std::to_string(window) +
+                     " accum " + std::to_string(accum));
+        TrainerOptions o = Options(dtype, 1.0, cpu);
+        SlidingTrainer kept(cfg, params, {.train = o, .window = window});
+        SlidingTrainer parked(cfg, params, {.train = o, .window = window, .checkpoints_on_host = true});
+        for (int64_t s = 0; s < 4; ++s) {
+          auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
+          StepStats a = kept.Step(mbs), b = parked.Step(mbs);
+          EXPECT_EQ(a.loss, b.loss) << "step " << s;
+          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+        }
+        // Every layer's input (2 x 16 tokens of the hidden size) waited in its own host buffer.
+        EXPECT_EQ(kept.parked_bytes(), 0);
+        EXPECT_EQ(parked.parked_bytes(),
+                  cfg.num_layers * 2 * 16 * cfg.hidden_size * static_cast<int64_t>(c10::elementSize(dtype)));
+        ModelParams ma = kept.Master(), mb = parked.Master();
+        for (size_t u = 0; u < ma.units.size(); ++u) EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << "unit " << u;
+      }
+}
+
 // Resident layers change where a unit's state lives and which processor updates it, not the arithmetic (the
 // device AdamW is bit-equal to the CPU's): losses, norms, every master weight and both moments are identical to
 // training with every unit on the host, with and without accumulation and clipping, fp32 and bf16. A trainer
