@@ -103,7 +103,11 @@ std::vector<std::string> ConfinementRoots(const TrainingJobSpec& spec) {
   return roots;
 }
 
-Status CheckSeqLenAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+// The job's fields that depend on the model: its layer count (nvme_layers) and its context (seq_len).
+Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+  SLIDE_RETURN_IF_ERROR(Field(
+      spec.nvme_layers <= cfg.num_layers, "nvme_layers",
+      "(" + std::to_string(spec.nvme_layers) + ") exceeds the model's " + std::to_string(cfg.num_layers) + " layers"));
   if (spec.allow_seq_len_beyond_model || spec.seq_len <= cfg.max_position_embeddings) return Status::Ok();
   return InvalidArgument(
       "job field 'seq_len' (" + std::to_string(spec.seq_len) + ") exceeds the model's max_position_embeddings (" +
@@ -196,7 +200,7 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
   ScopedFileConfinement confine(ConfinementRoots(spec));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
-  SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec, cfg));
+  SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec, cfg));
   const bool cuda = UsesCuda(spec);
   TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
   o.compute_dtype = ComputeDtype(spec, cuda);
@@ -318,7 +322,7 @@ Status TrainingRun::Prepare() {
   const c10::ScalarType dtype = ComputeDtype(spec_, cuda_);
 
   SLIDE_ASSIGN_OR_RETURN(cfg_, LoadHfConfig(spec_.model_dir));
-  SLIDE_RETURN_IF_ERROR(CheckSeqLenAgainstModel(spec_, cfg_));
+  SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, cfg_));
   SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "model config read"));
   SLIDE_ASSIGN_OR_RETURN(ds_, LoadJobDataset(spec_, cfg_));
   SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "dataset tokenized"));

@@ -293,6 +293,11 @@ TEST(BadInput, NvmeStateNeedsTheDaemonsTierAndABrokenTierFailsOnlyItsJob) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_EQ(s.error_message(),
               "job field 'nvme_state' has no value 7 (it takes none, moments or moments_and_master)");
+    spec.set_nvme_state(v1::NVME_STATE_NONE);
+    spec.set_nvme_layers(2);  // a layer count for a tier the job did not ask for
+    Submit(plain, spec, &s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_EQ(s.error_message(), "job field 'nvme_layers' needs nvme_state (moments or moments_and_master)");
   }
   const fs::path nvme = root / "nvme";
   fs::create_directories(nvme);
@@ -330,6 +335,23 @@ TEST(BadInput, NvmeStateNeedsTheDaemonsTierAndABrokenTierFailsOnlyItsJob) {
   const std::string metrics = slide::testing::HttpGet(d.metrics_port(), "/metrics");
   EXPECT_TRUE(Contains(metrics, "slide_nvme_bytes_total{direction=\"read\"}")) << metrics;
   EXPECT_TRUE(Contains(metrics, "slide_nvme_backend{backend=")) << metrics;
+
+  // Only the last layer's state on the tier: it trains, GetJob shows the count, and a count beyond the model's
+  // layers is refused at submission naming the model's count.
+  on_disk.set_output_dir((root / "out-last").string());
+  on_disk.set_nvme_layers(1);
+  const std::string last_id = Submit(d, on_disk, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Job last = WaitFinal(d, last_id);
+  EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.error();
+  EXPECT_EQ(last.spec().nvme_layers(), 1);
+  EXPECT_TRUE(fs::is_empty(nvme));
+  on_disk.set_output_dir((root / "out-deep").string());
+  on_disk.set_nvme_layers(1000);
+  Submit(d, on_disk, &s);  // the planner at submission knows the demo model's 4 layers
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "job field 'nvme_layers' (1000) exceeds the model's 4 layers");
+  on_disk.clear_nvme_layers();
 
   fs::remove_all(nvme);  // the disk went away between jobs
   on_disk.set_output_dir((root / "out-gone").string());

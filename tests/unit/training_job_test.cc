@@ -285,7 +285,7 @@ TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
   int steps = 0;
   r = RunTrainingJob(spec, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  ExpectContains(r.status().message(), "between 1 and the layer count");
+  ExpectContains(r.status().message(), "'nvme_layers' (1000) exceeds the model's");
   EXPECT_EQ(steps, 0);
 }
 
