@@ -15,6 +15,8 @@
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
 #                            (PEER_RUNS="peer:shape:batch ..." lists the runs; fwdbwd is PyTorch+HF forward+backward
 #                            alone, the GPU-work ceiling)
+#   bench/run_gpu.sh critical CUDA engine tests, then 8B with layer inputs parked on the host at batch 48 and 40
+#                            (exact clipping's critical batch) beside PyTorch+HF forward+backward at batch 8
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
 #                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
@@ -153,6 +155,23 @@ case "$phase" in
       fi
       echo "$spec done after $((SECONDS - start)) s"
     done ;;
+  critical)
+    # Exact clipping's critical batch at 8B: the CUDA engine tests (their equivalence cases park layer inputs on the
+    # host), then ours with the inputs parked on the host at CRITICAL_BATCHES (default 48, then 40), and PyTorch+HF
+    # forward+backward alone at batch 8 (its best on an 80 GB card; batch 48 does not fit it) as the reference.
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
+    for b in ${CRITICAL_BATCHES:-48 40}; do
+      [ $((SECONDS - start)) -lt 420 ] || { echo "skipped (time): batch $b"; continue; }
+      SLIDE_CHECKPOINTS=host run 150 build-gpu/bench/sliding_bench llama-8b $b 1024 3 2 cuda 1.0
+      echo "ours batch $b done after $((SECONDS - start)) s"
+    done
+    run 120 python3 bench/peers/supervise.py --deadline 100 \
+      --line '{"bench": "peer", "peer": "fwdbwd", "shape": "llama-8b", "batch": 8, "seq": 1024}' \
+      -- python3 bench/peers/peer_train.py fwdbwd llama-8b 8 1024 3 ;;
   largest)
     # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
     # without and with the NVMe tier, batch 8, one timed step; then the offloading peers (each supervised: a run the
