@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "engine/io/state_tier.h"
 #include "engine/model/param_layout.h"
 
 namespace slide {
@@ -78,9 +79,11 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
                            std::to_string(s.layers) + ")");
   if (r.resident_layers > 0 && r.moments_on_nvme)
     return InvalidArgument("resident layers keep their optimizer state on the device: not with the NVMe tier");
-  if (r.moments_on_nvme && r.nvme_layers != -1 && (r.nvme_layers < 1 || r.nvme_layers > s.layers))
-    return InvalidArgument("NVMe tier layers must be -1 (every unit) or between 1 and the layer count (" +
-                           std::to_string(s.layers) + ")");
+  // The units whose state the tier holds, by the tier's own rule (a count outside the model is refused there).
+  StateTierOptions tier;
+  tier.mode = r.moments_on_nvme ? TierMode::kMoments : TierMode::kNone;
+  tier.layers = r.nvme_layers;
+  SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> tier_index, TierUnitIndex(s.layers, tier));
   const bool auto_resident = r.resident_layers == -1 && !r.moments_on_nvme;
   const int64_t fixed_resident = std::max<int64_t>(r.resident_layers, 0);
 
@@ -127,13 +130,8 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   const int64_t n = layout.TotalNumel() - resident_numel;
   const int64_t e = c10::elementSize(r.compute_dtype);
   int64_t tiered = 0;  // elements whose optimizer state is on the NVMe tier
-  if (r.moments_on_nvme) {
-    tiered = n;
-    if (r.nvme_layers > 0) {
-      tiered = 0;
-      for (int64_t i = s.layers - r.nvme_layers; i < s.layers; ++i) tiered += layout.layer(i).numel;
-    }
-  }
+  for (size_t u = 0; u < tier_index.size(); ++u)
+    if (tier_index[u] >= 0) tiered += layout.units[u].numel;
   best.master_bytes = 4 * (n - (r.master_on_nvme ? tiered : 0));
   best.moments_bytes = 8 * (n - tiered);
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
