@@ -173,11 +173,20 @@ bool IsLoopbackAddress(const std::string& host_port) {
          (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && host.rfind("127.", 0) == 0);
 }
 
+// The embedded defaults, parsed once: every LoadDaemonConfig starts from a copy.
+const StatusOr<DaemonConfig>& ParsedDefaults() {
+  static const auto* defaults = new StatusOr<DaemonConfig>([]() -> StatusOr<DaemonConfig> {
+    DaemonConfig c;
+    SLIDE_RETURN_IF_ERROR(Apply("<defaults>", YAML::Load(kDefaultDaemonConfigYaml), &c));
+    return c;
+  }());
+  return *defaults;
+}
+
 }  // namespace
 
 StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
-  DaemonConfig c;
-  SLIDE_RETURN_IF_ERROR(Apply("<defaults>", YAML::Load(kDefaultDaemonConfigYaml), &c));
+  SLIDE_ASSIGN_OR_RETURN(DaemonConfig c, ParsedDefaults());
   if (!path.empty()) {
     SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
     YAML::Node root;
