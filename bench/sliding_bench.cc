@@ -110,6 +110,14 @@ int main(int argc, char** argv) {
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
   plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
   plan_request.nvme_layers = nvme.layers;
+  // SLIDE_WEIGHTS_FIRST=auto|on|off (SlidingOptions::weights_first; default auto).
+  const char* wf_env = std::getenv("SLIDE_WEIGHTS_FIRST");
+  const std::string wf = wf_env != nullptr && *wf_env != '\0' ? wf_env : "auto";
+  if (wf != "auto" && wf != "on" && wf != "off") {
+    std::fprintf(stderr, "sliding_bench: SLIDE_WEIGHTS_FIRST must be auto, on or off, got '%s'\n", wf.c_str());
+    return 2;
+  }
+  plan_request.weights_first = wf != "off" && max_grad_norm > 0;
   const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
   const char* resident_env = std::getenv("SLIDE_RESIDENT");
   const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
@@ -167,6 +175,7 @@ int main(int argc, char** argv) {
   so.resident_layers = plan.resident_layers;
   so.device_update_share = share;
   so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
+  so.weights_first = wf == "on" ? WeightsFirst::kOn : wf == "off" ? WeightsFirst::kOff : WeightsFirst::kAuto;
   SlidingTrainer trainer(cfg, std::move(init), so);
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
@@ -182,6 +191,7 @@ int main(int argc, char** argv) {
   trainer.Step(batch_for(0));  // warm-up: allocator, cuBLAS handles, first updates
   const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
+  int weights_first_steps = 0;  // timed steps whose updates went weights first
   double loss = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
@@ -189,6 +199,8 @@ int main(int argc, char** argv) {
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
         sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
+    sum.cpu_update_weights += b.cpu_update_weights;
+    weights_first_steps += b.weights_first ? 1 : 0;
   }
   if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
     std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
@@ -215,6 +227,7 @@ int main(int argc, char** argv) {
   sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
   sum.nvme /= steps;
   sum.device_update /= steps;
+  sum.cpu_update_weights /= steps;
   // Bytes per update pass; the rate as `steps` passes over the timed wall time (the last step's drain included,
   // the warm-up pass's tail overlapping the first timed step).
   const double nvme_read = trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + 1) : 0;
@@ -235,7 +248,8 @@ int main(int argc, char** argv) {
       "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"peak_host_rss_after_setup_bytes\": %.0f, "
       "\"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
-      "%.3f, \"device_update\": %.3f}, "
+      "%.3f, \"device_update\": %.3f, \"cpu_update_weights\": %.3f}, \"weights_first\": \"%s\", "
+      "\"weights_first_steps\": %d, \"ring_loads\": %lld, "
       "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
       "\"read_bytes_per_update\": "
       "%.0f, "
@@ -252,10 +266,10 @@ int main(int argc, char** argv) {
       (long long)plan.resident_layers, so.device_update_share, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
       secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
       double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
-      sum.cpu_update, sum.wait_update, sum.device_update, FusedKernelsEnabled() ? "true" : "false",
-      TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
-      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
+      (long long)trainer.ring_loads(), FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
+      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
+      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

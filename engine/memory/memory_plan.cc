@@ -139,8 +139,13 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   best.staging_bytes = e * n;
   best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
+  int64_t ring_layers = 0;  // layers that may go weights first: on the host, outside the tier
+  for (int64_t i = best.resident_layers; i < s.layers; ++i)
+    ring_layers += tier_index.empty() || tier_index[1 + i] < 0 ? 1 : 0;  // empty: no tier
+  const bool ring = r.weights_first && r.compute_dtype == c10::kBFloat16 && ring_layers > 0;
+  best.weight_ring_bytes = ring ? (best.window + 1) * s.max_layer * e : 0;
   best.host_total = best.master_bytes + best.moments_bytes + best.staging_bytes + best.grad_bytes +
-                    best.host_checkpoint_bytes + best.nvme_ring_bytes;
+                    best.host_checkpoint_bytes + best.nvme_ring_bytes + best.weight_ring_bytes;
   if (r.host_budget_bytes > 0 && best.host_total > r.host_budget_bytes) {
     return ResourceExhausted("the job needs " + FormatBytes(best.host_total) +
                              " of host memory, but the host budget is " + FormatBytes(r.host_budget_bytes) + ":\n" +
@@ -173,6 +178,7 @@ std::string MemoryPlan::ToString() const {
   row("gradient buffers", grad_bytes);
   row("layer inputs", host_checkpoint_bytes);
   if (nvme_bytes > 0) row("NVMe tier ring buffers", nvme_ring_bytes);
+  if (weight_ring_bytes > 0) row("weights-first ring", weight_ring_bytes);
   row("total", host_total);
   if (nvme_bytes > 0) {
     out += "NVMe\n";

@@ -37,6 +37,9 @@ struct PlanRequest {
   // residency uses better than more slots would; a sixteenth of the budget is left free); not with the NVMe tier.
   int64_t resident_layers = 0;
   int64_t streamed_ring_bytes = 0;  // device buffers of the streamed updates (SlidingOptions::device_update_share)
+  // The weights-first ring may be used (SlidingOptions::weights_first; bf16 compute with clipping): window + 1
+  // page-locked layer buffers of the compute dtype, when any layer is held on the host outside the NVMe tier.
+  bool weights_first = false;
 };
 
 struct MemoryPlan {
@@ -58,7 +61,8 @@ struct MemoryPlan {
   int64_t staging_bytes = 0;  // compute-dtype weights the forward loads (gradients land here without accumulation)
   int64_t grad_bytes = 0;     // gradient landing and fp32 accumulation buffers
   int64_t host_checkpoint_bytes = 0;
-  int64_t nvme_ring_bytes = 0;  // the NVMe tier's chunk buffers
+  int64_t nvme_ring_bytes = 0;    // the NVMe tier's chunk buffers
+  int64_t weight_ring_bytes = 0;  // the weights-first ring
   int64_t host_total = 0;
   int64_t nvme_bytes = 0;  // optimizer state on disk
 

@@ -41,9 +41,11 @@ void ScalarRange(const AdamWSpan& s, const AdamWScalars& c, int64_t begin, int64
     float v = s.exp_avg_sq[i] * c.b2 + c.one_minus_b2 * (g * g);
     float denom = std::sqrt(v) / c.bc2_sqrt + c.eps;
     p = p - c.step_size * (m / denom);
-    s.param[i] = p;
-    s.exp_avg[i] = m;
-    s.exp_avg_sq[i] = v;
+    if (!s.weights_only) {
+      s.param[i] = p;
+      s.exp_avg[i] = m;
+      s.exp_avg_sq[i] = v;
+    }
     if (s.out_bf16) s.out_bf16[i].x = FloatToBf16Bits(p);
   }
 }
@@ -72,6 +74,7 @@ __attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const Ada
   const __m256 decay = _mm256_set1_ps(c.decay), w1 = _mm256_set1_ps(c.one_minus_b1), b2 = _mm256_set1_ps(c.b2),
                w2 = _mm256_set1_ps(c.one_minus_b2), step = _mm256_set1_ps(c.step_size),
                bc2 = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps), gs = _mm256_set1_ps(c.grad_scale);
+  const bool keep_state = !s.weights_only;
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     __m256 g = _mm256_mul_ps(LoadGrad8(s, i), gs);
@@ -82,9 +85,11 @@ __attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const Ada
         _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s.exp_avg_sq + i), b2), _mm256_mul_ps(w2, _mm256_mul_ps(g, g)));
     __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2), eps);
     p = _mm256_sub_ps(p, _mm256_mul_ps(step, _mm256_div_ps(m, denom)));
-    _mm256_storeu_ps(s.param + i, p);
-    _mm256_storeu_ps(s.exp_avg + i, m);
-    _mm256_storeu_ps(s.exp_avg_sq + i, v);
+    if (keep_state) {
+      _mm256_storeu_ps(s.param + i, p);
+      _mm256_storeu_ps(s.exp_avg + i, m);
+      _mm256_storeu_ps(s.exp_avg_sq + i, v);
+    }
     if (s.out_bf16) _mm_storeu_si128(reinterpret_cast<__m128i*>(s.out_bf16 + i), ToBf16x8(p));
   }
   ScalarRange(s, c, i, end);
@@ -112,6 +117,7 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s,
   const __m512 decay = _mm512_set1_ps(c.decay), w1 = _mm512_set1_ps(c.one_minus_b1), b2 = _mm512_set1_ps(c.b2),
                w2 = _mm512_set1_ps(c.one_minus_b2), step = _mm512_set1_ps(c.step_size),
                bc2 = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps), gs = _mm512_set1_ps(c.grad_scale);
+  const bool keep_state = !s.weights_only;
   int64_t i = begin;
   for (; i + 16 <= end; i += 16) {
     __m512 g = _mm512_mul_ps(LoadGrad16(s, i), gs);
@@ -122,9 +128,11 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s,
         _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(s.exp_avg_sq + i), b2), _mm512_mul_ps(w2, _mm512_mul_ps(g, g)));
     __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2), eps);
     p = _mm512_sub_ps(p, _mm512_mul_ps(step, _mm512_div_ps(m, denom)));
-    _mm512_storeu_ps(s.param + i, p);
-    _mm512_storeu_ps(s.exp_avg + i, m);
-    _mm512_storeu_ps(s.exp_avg_sq + i, v);
+    if (keep_state) {
+      _mm512_storeu_ps(s.param + i, p);
+      _mm512_storeu_ps(s.exp_avg + i, m);
+      _mm512_storeu_ps(s.exp_avg_sq + i, v);
+    }
     if (s.out_bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.out_bf16 + i), ToBf16x16(p));
   }
   ScalarRange(s, c, i, end);
@@ -176,6 +184,7 @@ SimdLevel DetectSimdLevel() {
 
 void CpuAdamW(const AdamWSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads) {
   TORCH_CHECK((span.grad_bf16 == nullptr) != (span.grad_f32 == nullptr), "CpuAdamW: give exactly one gradient");
+  TORCH_CHECK(!span.weights_only || span.out_bf16 != nullptr, "CpuAdamW: a weights-only update needs out_bf16");
   const AdamWScalars c = MakeAdamWScalars(args);
   auto range = level == SimdLevel::kAvx512 ? Avx512Range : level == SimdLevel::kAvx2 ? Avx2Range : ScalarRange;
   const int64_t tiles = (span.n + kTileElems - 1) / kTileElems;

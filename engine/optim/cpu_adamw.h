@@ -25,6 +25,10 @@ struct AdamWSpan {
   const float* grad_f32 = nullptr;
   c10::BFloat16* out_bf16 = nullptr;  // [n] optional: the updated weight rounded to bf16 (nearest even)
   int64_t n = 0;
+  // Computes the update but writes only out_bf16 (required then): the master and moments stay as they were, so a
+  // later whole update with the same arguments writes the same weights and the new state. The next forward's
+  // weights cost 16 bytes an element this way instead of the whole update's 30.
+  bool weights_only = false;
 };
 
 struct AdamWStepArgs {

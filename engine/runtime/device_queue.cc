@@ -263,7 +263,7 @@ void DeviceQueue::SyncStreamedUpdates() {
 #endif
 }
 
-void DeviceQueue::LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int64_t after_update) {
+std::function<void()> DeviceQueue::LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int64_t after_update) {
 #if SLIDE_HAVE_CUDA
   if (cuda_) {
     auto& c = *cuda_;
@@ -273,15 +273,17 @@ void DeviceQueue::LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int6
     c10::cuda::CUDAStreamGuard guard(c.h2d);
     auto t0 = Cuda::Mark(c.h2d);
     dst.copy_(src, /*non_blocking=*/true);
-    c.t_h2d.emplace_back(t0, Cuda::Mark(c.h2d));
+    auto copied = Cuda::Mark(c.h2d);
+    c.t_h2d.emplace_back(t0, copied);
     c.loaded[slot].record(c.h2d);
-    return;
+    return [copied] { copied->synchronize(); };
   }
 #endif
   const double t0 = TraceNow();
   dst.copy_(src);
   cpu_busy_.h2d += TraceNow() - t0;
   cpu_spans_.push_back({"gpu.h2d", "h2d", t0, TraceNow()});
+  return [] {};
 }
 
 void DeviceQueue::UseSlot(int slot) {

@@ -54,7 +54,8 @@ class DeviceQueue {
   // Copies host `src` (pinned on CUDA) into the device buffer `dst` of `slot`, once compute has released the
   // slot's previous contents. `src` must stay unchanged until a later UseSlot(slot) compute has run.
   // `after_update` >= 0: the copy also waits for that unit's last streamed update to have written `src` back.
-  void LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int64_t after_update = -1);
+  // Returns a function (callable from any thread) that returns once the copy has read `src`.
+  std::function<void()> LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int64_t after_update = -1);
   void UseSlot(int slot);      // compute waits for the slot's last load
   void ReleaseSlot(int slot);  // compute enqueued so far is the last use of the slot's contents
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "engine/optim/tensor_adamw.h"
 #include "engine/runtime/device_info.h"
@@ -88,12 +89,14 @@ StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerO
   request.model = cfg;
   request.compute_dtype = train.compute_dtype;
   request.lm_head_chunk_tokens = train.loss.chunk_tokens;
+  request.weights_first = request.weights_first && train.max_grad_norm > 0;
   return PlanMemory(request);
 }
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                                  SlidingOptions options, PlanRequest request,
                                                                  MemoryPlan* plan_out) {
+  request.weights_first = options.weights_first != WeightsFirst::kOff;
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
   // On the CPU the device is host memory: parking its layer inputs would only copy them.
@@ -207,10 +210,12 @@ void SlidingTrainer::Init() {
   slot_version_.assign(opts_.window, -1);
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
-  worker_ = std::make_unique<UpdateWorker>(n_units);
+  worker_ = std::make_unique<UpdateWorker>(2 * n_units);  // each unit's whole update, then its weights-only pass
+  ring_ticket_.assign(layout_.num_layers(), -1);
 }
 
 void SlidingTrainer::WaitAllWorkers() {
+  CancelWeightRing();  // a pending weights-only pass may be waiting for a forward that will not come first
   worker_->WaitAll();
   if (stream_worker_) stream_worker_->WaitAll();
 }
@@ -243,18 +248,32 @@ void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
   }
 }
 
+bool SlidingTrainer::LoadReady(int64_t layer) {
+  const size_t unit = 1 + layer;
+  return ring_ticket_[layer] >= 0 ? worker_->Idle(EarlyUnit(unit)) : WorkerFor(unit).Idle(unit);
+}
+
 void SlidingTrainer::Prefetch(int64_t layer) {
-  if (WorkerFor(1 + layer).Idle(1 + layer)) EnsureLoaded(layer);
+  if (LoadReady(layer)) EnsureLoaded(layer);
 }
 
 void SlidingTrainer::EnsureLoaded(int64_t layer) {
   if (Resident(1 + layer)) return;  // always there, updated in place
   const int64_t w = layer % opts_.window;
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
-  WaitForUnit(1 + layer, "load");
-  // A streamed update was enqueued by now (its worker is idle for the unit); the copy waits for its write-back.
-  queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer],
-                   Streamed(1 + layer) ? static_cast<int64_t>(1 + layer) : -1);
+  if (const int64_t ticket = ring_ticket_[layer]; ticket >= 0) {
+    // The weights-only pass wrote the weights into the ring; the whole update still owns the staging buffer.
+    WaitForUnit(EarlyUnit(1 + layer), "load");
+    at::Tensor weights = weight_ring_->Buffer(ticket).narrow(0, 0, layout_.layer(layer).numel);
+    weight_ring_->Consumed(ticket, queue_->LoadSlot(static_cast<int>(w), SlotView(layer), weights));
+    ring_ticket_[layer] = -1;
+    ++ring_loads_;
+  } else {
+    WaitForUnit(1 + layer, "load");
+    // A streamed update was enqueued by now (its worker is idle for the unit); the copy waits for its write-back.
+    queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer],
+                     Streamed(1 + layer) ? static_cast<int64_t>(1 + layer) : -1);
+  }
   slot_layer_[w] = layer;
   slot_version_[w] = weights_version_;
   ++slot_loads_;
@@ -375,7 +394,8 @@ void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool f
 }
 
 void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg,
-                                 float* exp_avg_sq, const at::Tensor& grad, const AdamWStepArgs& args) {
+                                 float* exp_avg_sq, const at::Tensor& grad, const AdamWStepArgs& args,
+                                 c10::BFloat16* weights_only_out) {
   const bool f32_grad = grad.scalar_type() == at::kFloat;
   const bool write_bf16 = opts_.train.compute_dtype == c10::kBFloat16;
   const int64_t end = begin + n;
@@ -393,9 +413,14 @@ void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* m
       span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(grad.data_ptr()) + lo;
     }
     if (write_bf16) span.out_bf16 = reinterpret_cast<c10::BFloat16*>(staging_[unit].data_ptr()) + lo;
+    if (weights_only_out != nullptr) {
+      span.out_bf16 = weights_only_out + lo;
+      span.weights_only = true;
+    }
     span.n = hi - lo;
     CpuAdamW(span, a, simd_);
   }
+  if (weights_only_out != nullptr) return;
   // fp32 compute with its own staging (CUDA, or a master on disk): the forward loads a copy of the master.
   const bool copy_f32 = !write_bf16 && staging_[unit].data_ptr<float>() + begin != master;
   if (copy_f32) std::memcpy(staging_[unit].data_ptr<float>() + begin, master, n * sizeof(float));
@@ -418,12 +443,24 @@ void SlidingTrainer::UpdateResident(size_t unit, const AdamWStepArgs& args) {
   dev_grad_[unit] = at::Tensor();  // back to the allocator for the next backward
 }
 
+AdamWStepArgs SlidingTrainer::UnitArgs(double lr, float grad_scale, int64_t step) const {
+  AdamWStepArgs args;
+  args.hp = opts_.train.adamw;
+  args.hp.lr = lr;
+  args.step = step;
+  args.grad_scale = grad_scale;
+  return args;
+}
+
+void SlidingTrainer::TraceUpdate(const std::string& name, int64_t took_ns) {
+  if (!opts_.trace) return;
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  const double now = TraceNow();
+  pending_trace_.push_back({"update", name, now - took_ns / 1e9, now});
+}
+
 void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_t step) {
-  AdamWStepArgs unit_args;
-  unit_args.hp = opts_.train.adamw;
-  unit_args.hp.lr = lr;
-  unit_args.step = step;
-  unit_args.grad_scale = grad_scale;
+  const AdamWStepArgs unit_args = UnitArgs(lr, grad_scale, step);
   if (Resident(unit)) return UpdateResident(unit, unit_args);
   if (Streamed(unit)) {
     // Enqueued by the stream worker after the gradient has landed (its landing task runs first, FIFO); the
@@ -442,14 +479,9 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
   }
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
   if (OnTier(unit)) tier_->Schedule(tier_index_[unit]);  // its state starts coming in now, in update order
-  worker_->Post(unit, [this, unit, lr, grad_scale, step, grad] {
+  worker_->Post(unit, [this, unit, args = unit_args, grad] {
     const int64_t t0 = NowNs();
     int64_t io_waited = 0;
-    AdamWStepArgs args;
-    args.hp = opts_.train.adamw;
-    args.hp.lr = lr;
-    args.step = step;
-    args.grad_scale = grad_scale;
     if (!OnTier(unit)) {
       UpdateRange(unit, 0, layout_.units[unit].numel, master_.units[unit].data_ptr<float>(),
                   exp_avg_.units[unit].data_ptr<float>(), exp_avg_sq_.units[unit].data_ptr<float>(), grad, args);
@@ -466,12 +498,83 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     }
     const int64_t took_ns = NowNs() - t0;
     update_ns_ += took_ns - io_waited;  // CPU time; the disk's share is counted as nvme
-    if (opts_.trace) {
-      std::lock_guard<std::mutex> lock(trace_mu_);
-      const double now = TraceNow();
-      pending_trace_.push_back({"update", "adamw " + std::to_string(unit), now - took_ns / 1e9, now});
-    }
+    TraceUpdate("adamw " + std::to_string(unit), took_ns);
   });
+}
+
+bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
+  const bool layer = unit >= 1 && unit <= static_cast<size_t>(layout_.num_layers());
+  return layer && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
+}
+
+// Both passes cost the CPU ~1.55x the whole update's bytes (16 + 30 of 30 per element); they pay when that fits
+// in the device's compute time with a margin, judged by the last step (whose cpu_update held both passes if it
+// went weights first). The first step has nothing to judge by, and its update has no forward of its own to hide.
+bool SlidingTrainer::ChooseWeightsFirst() const {
+  if (opts_.weights_first == WeightsFirst::kOff || opts_.train.compute_dtype != c10::kBFloat16) return false;
+  if (opts_.weights_first == WeightsFirst::kOn) return true;
+  constexpr double kBothPasses = 1.55, kComputeShare = 0.9;
+  if (!on_cuda_ || last_compute_ <= 0) return false;
+  const double whole = last_weights_first_ ? last_cpu_update_ / kBothPasses : last_cpu_update_;
+  return whole * kBothPasses <= kComputeShare * last_compute_;
+}
+
+// Forward order: the embedding's whole update, each layer's weights-only pass (or whole update when it cannot go
+// weights first), the head's whole update; then the layers' whole updates in reverse, the order in which the
+// next backward reloads them and lands their gradients.
+void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
+  const bool weights_first = ChooseWeightsFirst();
+  const size_t n_units = layout_.units.size();
+  std::vector<size_t> early;
+  if (weights_first) {
+    for (size_t u = 0; u < n_units; ++u)
+      if (WeightsFirstEligible(u)) early.push_back(u);
+  }
+  if (!early.empty()) {
+    if (!weight_ring_) {
+      std::vector<at::Tensor> buffers;
+      for (int64_t r = 0; r <= opts_.window; ++r)
+        buffers.push_back(queue_->AllocateHost(slots_.front().numel(), opts_.train.compute_dtype));
+      weight_ring_ = std::make_unique<WeightRing>(std::move(buffers));
+    }
+    // A forward loads every layer of a round, so the last round's passes are done (or go on once cancelled).
+    if (std::any_of(ring_ticket_.begin(), ring_ticket_.end(), [](int64_t t) { return t >= 0; })) CancelWeightRing();
+    for (size_t u : early) worker_->Wait(EarlyUnit(u));
+    weight_ring_->Begin(static_cast<int64_t>(early.size()));
+  }
+  int64_t ticket = 0;
+  for (size_t u = 0; u < n_units; ++u) {
+    if (!early.empty() && WeightsFirstEligible(u)) {
+      ring_ticket_[u - 1] = ticket;
+      PostWeightsOnly(u, lr, grad_scale, step_ + 1, ticket++);
+    } else {
+      PostUpdate(u, lr, grad_scale, step_ + 1);
+    }
+  }
+  for (auto u = early.rbegin(); u != early.rend(); ++u) PostUpdate(*u, lr, grad_scale, step_ + 1);
+  busy_.weights_first = !early.empty();
+  posted_weights_first_ = busy_.weights_first;
+}
+
+void SlidingTrainer::PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket) {
+  const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
+  worker_->Post(EarlyUnit(unit), [this, unit, args = UnitArgs(lr, grad_scale, step), grad, ticket] {
+    at::Tensor out = weight_ring_->Acquire(ticket);  // may wait for the device copy of ticket - ring size
+    const int64_t t0 = NowNs();
+    UpdateRange(unit, 0, layout_.units[unit].numel, master_.units[unit].data_ptr<float>(),
+                exp_avg_.units[unit].data_ptr<float>(), exp_avg_sq_.units[unit].data_ptr<float>(), grad, args,
+                reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
+    const int64_t took_ns = NowNs() - t0;
+    update_ns_ += took_ns;
+    weights_only_ns_ += took_ns;
+    TraceUpdate("adamw-weights " + std::to_string(unit), took_ns);
+  });
+}
+
+void SlidingTrainer::CancelWeightRing() {
+  if (!weight_ring_) return;
+  weight_ring_->Cancel();
+  std::fill(ring_ticket_.begin(), ring_ticket_.end(), -1);
 }
 
 void SlidingTrainer::TakeWorkerErrors() {
@@ -551,7 +654,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   CheckUpdates();
   busy_ = ResourceBusy{};
-  const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load();
+  const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
+                weights_only_ns_before = weights_only_ns_.load();
+  const bool ran_weights_first = std::exchange(posted_weights_first_, false);
   ScopedTimer step_timer(busy_.step);
 
   for (const auto& mb : micro_batches)
@@ -663,7 +768,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     // Exact clipping: every unit's update waits for the global norm; they run in forward order so the next
     // step's forward can start as soon as the embedding and layer 0 are done.
     const float coef = static_cast<float>(std::min(1.0, opts_.train.max_grad_norm / (stats.grad_norm + 1e-6)));
-    for (size_t u = 0; u < layout_.units.size(); ++u) PostUpdate(u, lr, coef, step_ + 1);
+    PostUpdates(lr, coef);
   }
   ++step_;
   ++weights_version_;
@@ -681,6 +786,10 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.h2d = q.h2d;
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
+  busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
+  last_compute_ = busy_.compute;
+  last_cpu_update_ = busy_.cpu_update;  // mostly the updates the last step posted, run during this one
+  last_weights_first_ = ran_weights_first;
   busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;
   busy_.device_update = q.device_update;
   return stats;

@@ -13,6 +13,8 @@
 //             global-norm clipping, once every unit's norm is in; the next step's forward waits per unit, so
 //             updates overlap the next forward and are never stale. With the NVMe tier the moments (and
 //             optionally the master) are read ahead chunk by chunk in update order and written back behind.
+//   weights   under clipping the next forward may get its layer weights first (WeightsFirst): a weights-only
+//   first     AdamW pass hands them to the device through a small ring, the whole update follows behind.
 // The device may be the CPU itself (tests and CI run the whole schedule that way).
 #pragma once
 
@@ -31,8 +33,22 @@
 #include "engine/runtime/reference_trainer.h"
 #include "engine/runtime/step_trace.h"
 #include "engine/runtime/update_worker.h"
+#include "engine/runtime/weight_ring.h"
 
 namespace slide {
+
+// Under exact clipping every update waits for the backward's global norm, and the next forward waits for the
+// updates. Weights first: a weights-only AdamW pass (master, moments and gradient read, the bf16 weights written:
+// 16 bytes an element) computes each host layer's next weights in forward order and hands them to the device
+// through a ring of window + 1 page-locked layer buffers; the whole update (30 bytes) follows in reverse layer
+// order, behind the next forward and ahead of the backward that reloads those layers and lands their new
+// gradients. The forward waits for the short pass only; the CPU moves ~1.5x the bytes a step, so it pays when the
+// device's compute can hide both passes. Bit-identical to the whole update either way.
+enum class WeightsFirst {
+  kAuto,  // on CUDA, each step by the last one's times: both passes fit in the device's compute time
+  kOn,    // whenever clipping with bf16 compute (tests)
+  kOff,
+};
 
 struct SlidingOptions {
   TrainerOptions train;              // optimizer, schedule, clipping, compute dtype (bf16|fp32), device
@@ -52,6 +68,8 @@ struct SlidingOptions {
   double device_update_share = 0;
   int64_t device_update_chunk = int64_t(2) << 20;  // elements per ring buffer (3 buffers, 18 bytes per element)
   int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
+  // Layers eligible: host-held (not resident, streamed or on the NVMe tier); bf16 compute with clipping only.
+  WeightsFirst weights_first = WeightsFirst::kAuto;
 };
 
 // The share GPU jobs stream (bf16, no NVMe tier). Measured on the H200 box (f2c8475): 3B batch 8 with 8 resident
@@ -65,11 +83,13 @@ struct ResourceBusy {
   double compute = 0;
   double h2d = 0;
   double d2h = 0;
-  double cpu_update = 0;     // gradient accumulation, host norms and AdamW (posted in this step)
-  double nvme = 0;           // update tasks waiting on the NVMe tier (reads not in yet, write-backs pending)
-  double device_update = 0;  // streamed updates that finished in this step (upload to download, per unit)
-  double wait_update = 0;    // engine thread blocked on a unit's update before loading it
-  double step = 0;           // wall time of Step()
+  double cpu_update = 0;          // gradient accumulation, host norms and AdamW (posted in this step)
+  double cpu_update_weights = 0;  // of cpu_update: weights-only passes (WeightsFirst)
+  double nvme = 0;                // update tasks waiting on the NVMe tier (reads not in yet, write-backs pending)
+  double device_update = 0;       // streamed updates that finished in this step (upload to download, per unit)
+  double wait_update = 0;         // engine thread blocked on a unit's update before loading it
+  double step = 0;                // wall time of Step()
+  bool weights_first = false;     // this step's updates went weights first (the next forward loads from the ring)
   double MaxResource() const;
   // step / the busiest resource: 1.0 when the step costs exactly its busiest resource (everything else hidden
   // behind it); above 1 by the time nothing overlapped.
@@ -126,7 +146,8 @@ class SlidingTrainer {
   // posted that ran on into the next step are in the next step's trace).
   const std::vector<TraceSpan>& last_trace() const { return trace_; }
   int64_t steps_taken() const { return step_; }
-  int64_t slot_loads() const { return slot_loads_; }               // host->device unit copies so far
+  int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
+  int64_t ring_loads() const { return ring_loads_; }  // of those, layers loaded from the weights-first ring
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 
@@ -141,12 +162,24 @@ class SlidingTrainer {
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
   // AdamW over elements [begin, begin + n) of `unit`; master, exp_avg and exp_avg_sq point at element `begin`.
+  // With `weights_only_out` (the unit's element 0): the weights-only pass, writing only the bf16 weights there.
   void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
-                   const at::Tensor& grad, const AdamWStepArgs& args);
+                   const at::Tensor& grad, const AdamWStepArgs& args, c10::BFloat16* weights_only_out = nullptr);
+  AdamWStepArgs UnitArgs(double lr, float grad_scale, int64_t step) const;
+  void TraceUpdate(const std::string& name, int64_t took_ns);  // an update task's span (options.trace)
+  // Weights first (see WeightsFirst): which units may, whether this step's updates do, and the weights-only pass
+  // of `unit` into ring ticket `ticket`, tracked by the worker as unit EarlyUnit(unit).
+  bool WeightsFirstEligible(size_t unit) const;
+  bool ChooseWeightsFirst() const;
+  void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
+  void PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket);
+  size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
+  bool LoadReady(int64_t layer);  // the update the layer's next load waits for has finished
+  void CancelWeightRing();        // no forward will read what waits in the ring: fills go on, loads use staging
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
   bool OnTier(size_t unit) const { return tier_ && tier_index_[unit] >= 0; }
   bool Resident(size_t unit) const { return unit >= 1 && unit <= static_cast<size_t>(opts_.resident_layers); }
-  bool Streamed(size_t unit) const { return !streamed_.empty() && streamed_[unit]; }
+  bool Streamed(size_t unit) const { return unit < streamed_.size() && streamed_[unit]; }
   UpdateWorker& WorkerFor(size_t unit) { return Streamed(unit) ? *stream_worker_ : *worker_; }
   void WaitAllWorkers();
   void LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
@@ -192,6 +225,13 @@ class SlidingTrainer {
   std::vector<at::Tensor> parked_host_;   // [layers] page-locked buffers the forward parks layer inputs in
   std::vector<at::Tensor> retired_host_;  // outgrown ones, page-locked while the queue lives
   at::Tensor parked_dev_[2];              // device buffers parked inputs come back into, by layer % 2
+  // Weights first: the ring (made at first use), each layer's ticket while its next weights wait there (-1:
+  // load from staging), the last step's times the automatic choice goes by.
+  std::unique_ptr<WeightRing> weight_ring_;
+  std::vector<int64_t> ring_ticket_;
+  int64_t ring_loads_ = 0;
+  double last_compute_ = 0, last_cpu_update_ = 0;
+  bool last_weights_first_ = false, posted_weights_first_ = false;
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
@@ -200,6 +240,7 @@ class SlidingTrainer {
   std::vector<bool> streamed_;
   std::unique_ptr<UpdateWorker> stream_worker_;
   std::atomic<int64_t> update_ns_{0};
+  std::atomic<int64_t> weights_only_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};
   ResourceBusy busy_;
   std::vector<TraceSpan> trace_;          // the last step's timeline (options.trace)

@@ -124,6 +124,61 @@ TEST(CpuAdamW, EveryLevelIsBitIdenticalToTheScalarBodyInAnyChunking) {
   }
 }
 
+// The weights-only pass (the next forward's weights ahead of the whole update) writes exactly the bf16 weights the
+// whole update then writes, and leaves the master and both moments untouched: every level, odd sizes, chunked
+// ranges, bf16 and fp32 gradients, a clipping scale, several steps.
+TEST(CpuAdamW, WeightsOnlyWritesTheWholeUpdatesWeightsAndNoState) {
+  for (SimdLevel level : LevelsHere()) {
+    for (int64_t n : {1, 17, 1025, (1 << 16) + 3}) {
+      for (bool bf16_grads : {true, false}) {
+        at::manual_seed(n);
+        AdamWStepArgs args;
+        args.hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        args.grad_scale = 0.37f;
+        State s{at::randn({n}), at::randn({n}) * 0.01, at::rand({n}) * 1e-4};
+        at::Tensor early = at::empty({n}, at::kBFloat16), whole = at::empty({n}, at::kBFloat16);
+        for (args.step = 1; args.step <= 3; ++args.step) {
+          const at::Tensor g32 = at::randn({n}) * 0.01, g16 = g32.to(at::kBFloat16);
+          const State before{s.p.clone(), s.m.clone(), s.v.clone()};
+          auto pass = [&](at::Tensor out, bool weights_only, int64_t chunk) {
+            for (int64_t begin = 0; begin < n; begin += chunk) {
+              AdamWSpan span;
+              span.param = s.p.data_ptr<float>() + begin;
+              span.exp_avg = s.m.data_ptr<float>() + begin;
+              span.exp_avg_sq = s.v.data_ptr<float>() + begin;
+              if (bf16_grads) {
+                span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g16.data_ptr()) + begin;
+              } else {
+                span.grad_f32 = g32.data_ptr<float>() + begin;
+              }
+              span.out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()) + begin;
+              span.n = std::min(chunk, n - begin);
+              span.weights_only = weights_only;
+              CpuAdamW(span, args, level, 2);
+            }
+          };
+          pass(early, /*weights_only=*/true, 7);
+          const std::string where = std::string(SimdLevelName(level)) + " n=" + std::to_string(n) + " step " +
+                                    std::to_string(args.step) + (bf16_grads ? " bf16" : " fp32");
+          EXPECT_TRUE(at::equal(s.p, before.p)) << where;
+          EXPECT_TRUE(at::equal(s.m, before.m)) << where;
+          EXPECT_TRUE(at::equal(s.v, before.v)) << where;
+          pass(whole, /*weights_only=*/false, n);
+          EXPECT_TRUE(at::equal(early, whole)) << where;
+          EXPECT_FALSE(at::equal(s.p, before.p)) << where;  // the whole update did move the master
+        }
+      }
+    }
+  }
+  AdamWSpan no_out;
+  float x = 0;
+  no_out.param = no_out.exp_avg = no_out.exp_avg_sq = &x;
+  no_out.grad_f32 = &x;
+  no_out.n = 1;
+  no_out.weights_only = true;
+  EXPECT_THROW(CpuAdamW(no_out, AdamWStepArgs{}, SimdLevel::kScalar, 1), c10::Error);
+}
+
 TEST(CpuAdamW, Bf16RoundingOfSpecialValues) {
   // Values chosen to hit ties, carries into the exponent, infinities and NaN through the update's output.
   const float values[] = {1.0f,

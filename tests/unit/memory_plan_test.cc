@@ -206,6 +206,31 @@ TEST(MemoryPlan, ATierOfTheLastLayersMovesOnlyTheirState) {
   }
 }
 
+// The weights-first ring: window + 1 bf16 buffers of the largest layer, in the host total, only for bf16 compute
+// with a layer left on the host outside the NVMe tier.
+TEST(MemoryPlan, CountsTheWeightsFirstRing) {
+  const ModelLayout layout = BuildModelLayout(Llama8B());
+  PlanRequest r = Request8B(24);
+  r.window = 2;
+  const MemoryPlan without = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(without.weight_ring_bytes, 0);
+  r.weights_first = true;
+  const MemoryPlan with = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(with.weight_ring_bytes, 3 * 2 * layout.layer(0).numel);
+  EXPECT_EQ(with.host_total - without.host_total, with.weight_ring_bytes);
+  EXPECT_EQ(with.device_total, without.device_total);
+  ExpectContains(with.ToString(), "weights-first ring");
+  PlanRequest fp32 = r;
+  fp32.compute_dtype = c10::kFloat;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(fp32)).weight_ring_bytes, 0);
+  PlanRequest tiered = r;  // every layer's state on the tier: no layer goes weights first
+  tiered.moments_on_nvme = true;
+  tiered.nvme_ring_bytes = 6 * (32 << 20) * 2;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(tiered)).weight_ring_bytes, 0);
+  tiered.nvme_layers = 31;  // one layer left on the host
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(tiered)).weight_ring_bytes, with.weight_ring_bytes);
+}
+
 TEST(MemoryPlan, RejectsBadRequests) {
   PlanRequest r = Request8B(24);
   r.window = 33;

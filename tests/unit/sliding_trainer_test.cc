@@ -406,6 +406,91 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
   }
 }
 
+// Weights first changes which pass writes the next forward's weights and where they wait (a weights-only pass into
+// the ring, the whole update behind it), not the arithmetic: losses, norms, every master weight and both moments
+// are identical to the whole update's, with one and two slots, accumulation, layers parked on the host, and beside
+// resident, streamed and NVMe-tiered layers (which never go weights first), through an evaluation between steps,
+// a checkpoint (the ring is cancelled) and a restore.
+TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  struct Variant {
+    int64_t window, accum;
+    bool parked = false;
+    int64_t resident = 0;
+    double streamed = 0;
+    int64_t nvme_layers = 0;
+    int64_t eligible = 4;  // layers that go weights first
+  };
+  for (const Variant& v : {Variant{1, 1}, Variant{2, 2}, Variant{2, 1, true}, Variant{1, 1, false, 1, 0, 0, 3},
+                           Variant{2, 2, false, 0, 0.5, 0, 2}, Variant{1, 1, false, 0, 0, 2, 2}}) {
+    SCOPED_TRACE("window " + std::to_string(v.window) + " accum " + std::to_string(v.accum) + " parked " +
+                 std::to_string(v.parked) + " resident " + std::to_string(v.resident) + " streamed " +
+                 std::to_string(v.streamed) + " nvme layers " + std::to_string(v.nvme_layers));
+    const TrainerOptions o = Options(c10::kBFloat16, 1.0, cpu);
+    ScratchDir whole_dir, first_dir;
+    SlidingOptions whole{.train = o, .window = v.window, .checkpoints_on_host = v.parked};
+    whole.resident_layers = v.resident;
+    whole.device_update_share = v.streamed;
+    whole.device_update_chunk = 1000;
+    if (v.nvme_layers > 0) {
+      whole.nvme = SmallTier(TierMode::kMoments, whole_dir);
+      whole.nvme.layers = v.nvme_layers;
+    }
+    SlidingOptions first = whole;
+    if (v.nvme_layers > 0) first.nvme.io.dirs = {first_dir.path()};
+    whole.weights_first = WeightsFirst::kOff;
+    first.weights_first = WeightsFirst::kOn;
+    SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
+    for (int64_t s = 0; s < 5; ++s) {
+      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
+      StepStats sa = a.Step(mbs), sb = b.Step(mbs);
+      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
+      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
+      EXPECT_FALSE(a.last_busy().weights_first);
+      EXPECT_EQ(b.last_busy().weights_first, v.eligible > 0);
+      if (s == 2) EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));  // the evaluation's forward reads the ring
+    }
+    // Every eligible layer came from the ring in the forwards of steps 1, 2 and 4 and in the evaluation; step 3's
+    // forward (after the evaluation took the ring) loaded the whole update's weights from staging.
+    EXPECT_EQ(a.ring_loads(), 0);
+    EXPECT_EQ(b.ring_loads(), 4 * v.eligible);
+    ExpectSameStateAndRestore(a, b, cfg, params, first, v.accum);
+  }
+}
+
+// Weights first only where it can run: fp32 compute has no bf16 weights to compute first, no clipping updates
+// each unit as its gradient lands, and the automatic choice stays off when the device is the CPU (the passes would
+// take the cores the compute runs on). A trainer torn down while weights-only passes wait for a forward that will
+// not come (4 layers, a ring of 2) cancels them instead of hanging.
+TEST(SlidingTrainer, WeightsFirstRunsOnlyWhereItCan) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  struct Variant {
+    c10::ScalarType dtype;
+    double clip;
+    WeightsFirst mode;
+    bool expected;
+  };
+  for (const Variant& v :
+       {Variant{c10::kFloat, 1.0, WeightsFirst::kOn, false}, Variant{c10::kBFloat16, 0.0, WeightsFirst::kOn, false},
+        Variant{c10::kBFloat16, 1.0, WeightsFirst::kAuto, false},
+        Variant{c10::kBFloat16, 1.0, WeightsFirst::kOn, true}}) {
+    SlidingOptions so{.train = Options(v.dtype, v.clip, cpu), .window = 1};
+    so.weights_first = v.mode;
+    SlidingTrainer t(cfg, params, so);
+    for (int64_t s = 0; s < 3; ++s) {
+      t.Step(Batch(s, 1, cfg.vocab_size, cpu));
+      EXPECT_EQ(t.last_busy().weights_first, v.expected) << "step " << s;
+    }
+    EXPECT_EQ(t.ring_loads(), v.expected ? 2 * 4 : 0);
+  }
+}
+
 TEST(SlidingTrainer, RefusesStreamedUpdatesItCannotRun) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
