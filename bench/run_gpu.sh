@@ -17,6 +17,9 @@
 #                            alone, the GPU-work ceiling)
 #   bench/run_gpu.sh critical CUDA engine tests, then 8B with layer inputs parked on the host at batch 48 and 40
 #                            (exact clipping's critical batch) beside PyTorch+HF forward+backward at batch 8
+#   bench/run_gpu.sh weights CUDA engine tests, the CPU AdamW whole update against its weights-only pass, then the
+#                            weights-first schedule off and on at WEIGHTS_RUNS="shape:batch:checkpoints ..." (default
+#                            8B batch 32, then 3B batch 32, layer inputs on the device)
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
 #                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
@@ -172,6 +175,24 @@ case "$phase" in
     run 120 python3 bench/peers/supervise.py --deadline 100 \
       --line '{"bench": "peer", "peer": "fwdbwd", "shape": "llama-8b", "batch": 8, "seq": 1024}' \
       -- python3 bench/peers/peer_train.py fwdbwd llama-8b 8 1024 3 ;;
+  weights)
+    # Weights first (SlidingOptions::weights_first) against the whole update under exact clipping: the CUDA engine
+    # tests (EqualsReferenceWeightsFirst_CUDA among them), the CPU update's two passes on this box's cores, then each
+    # run with SLIDE_WEIGHTS_FIRST off and on back to back.
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests cpu_adamw_bench
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
+    run 60 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
+    for spec in ${WEIGHTS_RUNS:-llama-8b:32:device llama-3b:32:device}; do
+      IFS=: read -r shape b ckpt <<< "$spec"
+      for wf in off on; do
+        [ $((SECONDS - start)) -lt 450 ] || { echo "skipped (time): $spec $wf"; continue; }
+        SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt run 150 build-gpu/bench/sliding_bench "$shape" "$b" 1024 3 2 cuda 1.0
+        echo "ours $spec weights first $wf done after $((SECONDS - start)) s"
+      done
+    done ;;
   largest)
     # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
     # without and with the NVMe tier, batch 8, one timed step; then the offloading peers (each supervised: a run the

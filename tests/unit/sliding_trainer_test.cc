@@ -54,6 +54,7 @@ struct Case {
   TierMode tier = TierMode::kNone;
   int64_t resident = 0;  // layers kept on the device with their optimizer state
   double streamed = 0;   // share of the host layers updated on the device (chunks of 1000 elements)
+  WeightsFirst weights_first = WeightsFirst::kAuto;
 };
 
 // The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
@@ -121,6 +122,7 @@ void RunEquivalence(const Case& c, c10::Device device) {
   so.resident_layers = c.resident;
   so.device_update_share = c.streamed;
   so.device_update_chunk = 1000;
+  so.weights_first = c.weights_first;
   SlidingTrainer slide(cfg, params, so);
   const bool fp32 = c.dtype == c10::kFloat;
   double worst_loss = 0, worst_norm = 0, mean_norm = 0, early = 0;
@@ -534,6 +536,21 @@ TEST(SlidingTrainer, EqualsReferenceWithResidentLayers_CUDA) {
   RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 2}, c10::Device(c10::kCUDA, 0));
   RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0, TierMode::kNone, 4}, c10::Device(c10::kCUDA, 0));
   RunEquivalence({"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 3}, c10::Device(c10::kCUDA, 0));
+}
+
+TEST(SlidingTrainer, EqualsReferenceWeightsFirst) {
+  RunEquivalence({"qwen2", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0, WeightsFirst::kOn},
+                 c10::Device(c10::kCPU));
+}
+
+// Weights first on the GPU: the ring's page-locked buffers reach the device on the H2D stream and are refilled
+// only after that copy has read them (the copy's event), with one and two slots and layers parked on the host.
+TEST(SlidingTrainer, EqualsReferenceWeightsFirst_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  RunEquivalence({"llama3", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 0, 0, WeightsFirst::kOn},
+                 c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen3", c10::kBFloat16, 2, 2, 1.0, TierMode::kNone, 1, 0, WeightsFirst::kOn},
+                 c10::Device(c10::kCUDA, 0));
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {
