@@ -20,6 +20,9 @@ namespace slide {
 using nlohmann::json;
 using namespace tokenizer_detail;
 
+// Ids may reach 4x the token count, and any vocabulary may use ids up to this (toy files with sparse specials).
+constexpr int64_t kMinIdLimit = int64_t(1) << 18;
+
 struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> id_to_token;
@@ -236,10 +239,18 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text
     for (const auto& t : root.value("added_tokens", json::array()))
       impl->vocab.emplace(t.at("content").get<std::string>(), TokenIdValue(t.at("id")));
     int32_t max_id = -1;
+    const std::string* max_token = nullptr;
     for (const auto& [tok, id] : impl->vocab) {
       if (id < 0) return InvalidArgument(source + ": token '" + tok + "' has negative id");
-      max_id = std::max(max_id, id);
+      if (id > max_id) max_id = id, max_token = &tok;
     }
+    // The id table is dense: one token with a huge id would make a few bytes of JSON allocate gigabytes (a fuzzed
+    // 64 KiB file took 1.2 GB). Real vocabularies are dense (Llama 3: 128,256 tokens, ids 0..128,255).
+    const int64_t id_limit = std::max<int64_t>(4 * static_cast<int64_t>(impl->vocab.size()), kMinIdLimit);
+    if (max_id >= id_limit)
+      return InvalidArgument(source + ": token '" + *max_token + "' has id " + std::to_string(max_id) +
+                             ", far beyond the vocabulary's " + std::to_string(impl->vocab.size()) +
+                             " tokens (ids must be below " + std::to_string(id_limit) + ")");
     impl->id_to_token.assign(max_id + 1, "");
     for (const auto& [tok, id] : impl->vocab) impl->id_to_token[id] = tok;
     impl->special.assign(max_id + 1, false);

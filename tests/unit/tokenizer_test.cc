@@ -69,6 +69,19 @@ TEST(Tokenizer, NumberOverflowIsAnError) {
     EXPECT_NE(bad.status().message().find("is not an integer in [0, 2^31)"), std::string::npos)
         << bad.status().message();
   }
+  // A valid but huge id is refused before the id table is sized by it (found by the fuzzer: a 64 KiB file whose
+  // ids reached tens of millions allocated 1.2 GB; at 2^31 - 1 it would be 64 GiB); sparse ids within bounds load.
+  for (const char* id : {"2147483647", "262144"}) {
+    auto huge = Tokenizer::FromJson(
+        std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )") + id + R"(}, "merges": []}})", "tok.json");
+    ASSERT_FALSE(huge.ok()) << id;
+    ExpectContains(huge.status().message(), std::string("tok.json: token 'b' has id ") + id +
+                                                ", far beyond the vocabulary's 2 tokens (ids must be below 262144)");
+  }
+  auto sparse =
+      Tokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 262143}, "merges": []}})", "tok.json");
+  ASSERT_TRUE(sparse.ok()) << sparse.status().message();
+  EXPECT_EQ((*sparse)->TokenId("b"), 262143);
   // A component missing a field its type requires is a malformed file (reading it was undefined behaviour: a
   // heap-buffer-overflow the fuzzer found in a TemplateProcessing without "single").
   for (const char* component :
