@@ -509,12 +509,12 @@ bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
 
 // Both passes cost the CPU ~1.55x the whole update's bytes (16 + 30 of 30 per element); they pay when that fits
 // in the device's compute time with a margin, judged by the last step (whose cpu_update held both passes if it
-// went weights first). The first step has nothing to judge by, and its update has no forward of its own to hide.
+// went weights first). Until a step has run another step's updates there is nothing to judge by: off.
 bool SlidingTrainer::ChooseWeightsFirst() const {
   if (opts_.weights_first == WeightsFirst::kOff || opts_.train.compute_dtype != c10::kBFloat16) return false;
   if (opts_.weights_first == WeightsFirst::kOn) return true;
   constexpr double kBothPasses = 1.55, kComputeShare = 0.9;
-  if (!on_cuda_ || last_compute_ <= 0) return false;
+  if (!on_cuda_ || last_compute_ <= 0 || last_cpu_update_ <= 0) return false;  // nothing measured yet
   const double whole = last_weights_first_ ? last_cpu_update_ / kBothPasses : last_cpu_update_;
   return whole * kBothPasses <= kComputeShare * last_compute_;
 }
