@@ -537,8 +537,9 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
         buffers.push_back(queue_->AllocateHost(slots_.front().numel(), opts_.train.compute_dtype));
       weight_ring_ = std::make_unique<WeightRing>(std::move(buffers));
     }
-    // A forward loads every layer of a round, so the last round's passes are done (or go on once cancelled).
-    if (std::any_of(ring_ticket_.begin(), ring_ticket_.end(), [](int64_t t) { return t >= 0; })) CancelWeightRing();
+    // The last round ends here: its copies have read their buffers (Cancel waits for them; the new round's fills
+    // reuse the buffers from ticket 0) and its passes are done (a forward waited for each, or they go on now).
+    CancelWeightRing();
     for (size_t u : early) worker_->Wait(EarlyUnit(u));
     weight_ring_->Begin(static_cast<int64_t>(early.size()));
   }
