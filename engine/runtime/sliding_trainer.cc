@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
@@ -32,6 +34,25 @@ AdamWStepArgs ParamArgs(const ParamSpec& spec, const AdamWStepArgs& unit_args) {
   if (!spec.weight_decay) a.hp.weight_decay = 0;
   return a;
 }
+
+// Cancels the weights-first ring when a forward fails part way: passes waiting for loads that will not come go on,
+// and a later step or evaluation loads from staging instead of waiting behind them (or reading a stale round).
+class CancelRingOnThrow {
+ public:
+  explicit CancelRingOnThrow(std::function<void()> cancel)
+      : cancel_(std::move(cancel)), exceptions_(std::uncaught_exceptions()) {}
+  ~CancelRingOnThrow() {
+    if (std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      cancel_();
+    } catch (...) {  // already unwinding with the step's error
+    }
+  }
+
+ private:
+  std::function<void()> cancel_;
+  int exceptions_;
+};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -96,7 +117,9 @@ StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerO
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                                  SlidingOptions options, PlanRequest request,
                                                                  MemoryPlan* plan_out) {
-  request.weights_first = options.weights_first != WeightsFirst::kOff;
+  // The ring is counted where it can be used: kAuto only ever turns it on on CUDA.
+  request.weights_first = options.weights_first == WeightsFirst::kOn ||
+                          (options.weights_first == WeightsFirst::kAuto && options.train.device.is_cuda());
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
   // On the CPU the device is host memory: parking its layer inputs would only copy them.
@@ -634,6 +657,7 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
 
 double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
+  CancelRingOnThrow guard([this] { CancelWeightRing(); });
   int64_t valid = 0;
   for (const auto& mb : micro_batches) valid += CheckedTargetCount(mb.targets, cfg_.vocab_size);
   const double normalizer = std::max<int64_t>(1, valid);
@@ -653,6 +677,7 @@ double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
 
 StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
+  CancelRingOnThrow guard([this] { CancelWeightRing(); });
   CheckUpdates();
   busy_ = ResourceBusy{};
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),

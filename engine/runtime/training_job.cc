@@ -77,7 +77,7 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
   r.nvme_ring_bytes = StateTierRingBytes(tier);
   r.nvme_layers = tier.layers;
-  r.weights_first = true;  // the trainer's default (automatic) may use the ring
+  r.weights_first = cuda;  // the trainer's default (automatic) may use the ring there
   // On a GPU the memory the window leaves is spent on resident layers (state and update on the device); the
   // NVMe tier keeps every unit's state on disk instead.
   r.resident_layers = cuda && !r.moments_on_nvme ? -1 : 0;

@@ -412,7 +412,7 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
 // the ring, the whole update behind it), not the arithmetic: losses, norms, every master weight and both moments
 // are identical to the whole update's, with one and two slots, accumulation, layers parked on the host, and beside
 // resident, streamed and NVMe-tiered layers (which never go weights first), through an evaluation between steps,
-// a checkpoint (the ring is cancelled) and a restore.
+// a checkpoint's wait (the ring is cancelled, and training goes on from staging) and a restore.
 TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelConfig cfg = fx.config;
@@ -446,17 +446,21 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     whole.weights_first = WeightsFirst::kOff;
     first.weights_first = WeightsFirst::kOn;
     SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
-    for (int64_t s = 0; s < 5; ++s) {
+    for (int64_t s = 0; s < 6; ++s) {
       auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
       StepStats sa = a.Step(mbs), sb = b.Step(mbs);
       EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
       EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
       EXPECT_FALSE(a.last_busy().weights_first);
       EXPECT_EQ(b.last_busy().weights_first, v.eligible > 0);
-      if (s == 2) EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));  // the evaluation's forward reads the ring
+      if (s == 1) EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));  // the evaluation's forward reads the ring
+      if (s == 3) {  // a checkpoint's wait: the ring is cancelled with passes still waiting for their buffers
+        a.WaitForUpdates();
+        b.WaitForUpdates();
+      }
     }
-    // Every eligible layer came from the ring in the forwards of steps 1, 2 and 4 and in the evaluation; step 3's
-    // forward (after the evaluation took the ring) loaded the whole update's weights from staging.
+    // Every eligible layer came from the ring in the forwards of steps 1, 3 and 5 and in the evaluation; steps 2
+    // and 4 (after the evaluation took the ring, after the wait cancelled it) loaded from staging.
     EXPECT_EQ(a.ring_loads(), 0);
     EXPECT_EQ(b.ring_loads(), 4 * v.eligible);
     ExpectSameStateAndRestore(a, b, cfg, params, first, v.accum);
