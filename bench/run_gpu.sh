@@ -15,8 +15,9 @@
 #                            fetched by bench/peers/fetch-wheels.sh) on the 1B and 3B shapes, batch 8
 #                            (PEER_RUNS="peer:shape:batch ..." lists the runs; fwdbwd is PyTorch+HF forward+backward
 #                            alone, the GPU-work ceiling)
-#   bench/run_gpu.sh critical CUDA engine tests, then 8B with layer inputs parked on the host at batch 48 and 40
-#                            (exact clipping's critical batch) beside PyTorch+HF forward+backward at batch 8
+#   bench/run_gpu.sh critical CUDA engine tests, then 8B with layer inputs parked on the host at batch 48 (weights
+#                            first on and off) and 40 (exact clipping's critical batch) beside PyTorch+HF
+#                            forward+backward at batch 8
 #   bench/run_gpu.sh weights CUDA engine tests, the CPU AdamW whole update against its weights-only pass, then the
 #                            weights-first schedule off and on at WEIGHTS_RUNS="shape:batch:checkpoints ..." (default
 #                            8B batch 32, then 3B batch 32, layer inputs on the device)
@@ -160,17 +161,19 @@ case "$phase" in
     done ;;
   critical)
     # Exact clipping's critical batch at 8B: the CUDA engine tests (their equivalence cases park layer inputs on the
-    # host), then ours with the inputs parked on the host at CRITICAL_BATCHES (default 48, then 40), and PyTorch+HF
-    # forward+backward alone at batch 8 (its best on an 80 GB card; batch 48 does not fit it) as the reference.
+    # host), then ours with the inputs parked on the host at CRITICAL_RUNS (batch:weights-first; default 48 on and
+    # off, then 40 on), and PyTorch+HF forward+backward alone at batch 8 (its best on an 80 GB card; batch 48 does
+    # not fit it) as the reference.
     start=$SECONDS
     build_gpu sliding_bench engine_tests
     echo "build ok after $((SECONDS - start)) s"
     timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
-    for b in ${CRITICAL_BATCHES:-48 40}; do
-      [ $((SECONDS - start)) -lt 420 ] || { echo "skipped (time): batch $b"; continue; }
-      SLIDE_CHECKPOINTS=host run 150 build-gpu/bench/sliding_bench llama-8b $b 1024 3 2 cuda 1.0
-      echo "ours batch $b done after $((SECONDS - start)) s"
+    for spec in ${CRITICAL_RUNS:-48:on 48:off 40:on}; do  # batch:weights-first
+      IFS=: read -r b wf <<< "$spec"
+      [ $((SECONDS - start)) -lt 420 ] || { echo "skipped (time): batch $b weights first $wf"; continue; }
+      SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=host run 150 build-gpu/bench/sliding_bench llama-8b $b 1024 3 2 cuda 1.0
+      echo "ours batch $b weights first $wf done after $((SECONDS - start)) s"
     done
     run 120 python3 bench/peers/supervise.py --deadline 100 \
       --line '{"bench": "peer", "peer": "fwdbwd", "shape": "llama-8b", "batch": 8, "seq": 1024}' \
