@@ -577,7 +577,6 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   }
   for (auto u = early.rbegin(); u != early.rend(); ++u) PostUpdate(*u, lr, grad_scale, step_ + 1);
   busy_.weights_first = !early.empty();
-  posted_weights_first_ = busy_.weights_first;
 }
 
 void SlidingTrainer::PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket) {
@@ -679,10 +678,10 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
   CheckUpdates();
+  const bool ran_weights_first = busy_.weights_first;  // the last step posted the updates this step runs
   busy_ = ResourceBusy{};
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
-  const bool ran_weights_first = std::exchange(posted_weights_first_, false);
   ScopedTimer step_timer(busy_.step);
 
   for (const auto& mb : micro_batches)

@@ -231,7 +231,7 @@ class SlidingTrainer {
   std::vector<int64_t> ring_ticket_;
   int64_t ring_loads_ = 0;
   double last_compute_ = 0, last_cpu_update_ = 0;
-  bool last_weights_first_ = false, posted_weights_first_ = false;
+  bool last_weights_first_ = false;
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
