@@ -45,6 +45,14 @@ std::vector<MicroBatch> Batch(int64_t step, int64_t accum, int64_t vocab, c10::D
   return mbs;
 }
 
+// One step of `a` and of `b` on step `step`'s batch (CPU): the same loss and gradient norm, bit for bit.
+void StepAlike(SlidingTrainer& a, SlidingTrainer& b, int64_t step, int64_t accum, int64_t vocab) {
+  auto mbs = Batch(step, accum, vocab, c10::Device(c10::kCPU));
+  StepStats sa = a.Step(mbs), sb = b.Step(mbs);
+  EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
+  EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
+}
+
 struct Case {
   std::string arch;
   c10::ScalarType dtype;
@@ -97,14 +105,9 @@ void ExpectSameStateAndRestore(SlidingTrainer& host, SlidingTrainer& other, cons
     for (size_t u = 0; u < host.layout().units.size(); ++u)
       ASSERT_TRUE(restored.WriteState(kind, u, testing::ValueOrDie(host.ReadState(kind, u)).clone()).ok());
   restored.StateRestored(host.steps_taken());
-  const c10::Device cpu(c10::kCPU);
   const int64_t done = host.steps_taken();
-  for (int64_t s = done; s < done + 2; ++s) {
-    auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
-    StepStats a = host.Step(mbs), b = restored.Step(mbs);
-    EXPECT_EQ(a.loss, b.loss) << "restored, step " << s;
-    EXPECT_EQ(a.grad_norm, b.grad_norm) << "restored, step " << s;
-  }
+  SCOPED_TRACE("restored");
+  for (int64_t s = done; s < done + 2; ++s) StepAlike(host, restored, s, accum, cfg.vocab_size);
   ModelParams ma = host.Master(), mb = restored.Master();
   for (size_t u = 0; u < ma.units.size(); ++u) EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << "unit " << u;
 }
@@ -232,12 +235,7 @@ TEST(SlidingTrainer, NvmeTierIsBitIdenticalToHostState) {
         if (std::string(backend) == "io_uring") tiered.nvme.io.backend = "auto";  // pread where io_uring is refused
         SlidingTrainer host(cfg, init, {.train = o, .window = 1});
         SlidingTrainer disk(cfg, init, tiered);
-        for (int64_t s = 0; s < 6; ++s) {
-          auto mbs = Batch(s, accum, cfg.vocab_size, c10::Device(c10::kCPU));
-          StepStats a = host.Step(mbs), b = disk.Step(mbs);
-          EXPECT_EQ(a.loss, b.loss) << "step " << s;
-          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
-        }
+        for (int64_t s = 0; s < 6; ++s) StepAlike(host, disk, s, accum, cfg.vocab_size);
         ModelParams ma = host.Master(), mb = disk.Master();
         for (size_t u = 0; u < ma.units.size(); ++u)
           EXPECT_TRUE(at::equal(ma.units[u], mb.units[u])) << backend << " " << TierModeName(mode) << " unit " << u;
@@ -275,12 +273,7 @@ TEST(SlidingTrainer, NvmeTierOfTheLastLayersIsBitIdenticalToHostState) {
           state_bytes += arrays * 4 * disk.layout().layer(i).numel;
         EXPECT_GE(disk.tier()->disk_bytes(), state_bytes);  // each array padded to the block size, no more
         EXPECT_LT(disk.tier()->disk_bytes(), state_bytes + layers * arrays * int64_t(tiered.nvme.io.block_bytes));
-        for (int64_t s = 0; s < 5; ++s) {
-          auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
-          StepStats a = host.Step(mbs), b = disk.Step(mbs);
-          EXPECT_EQ(a.loss, b.loss) << "step " << s;
-          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
-        }
+        for (int64_t s = 0; s < 5; ++s) StepAlike(host, disk, s, accum, cfg.vocab_size);
         EXPECT_GT(disk.tier()->store().bytes_read(), 0);
         ExpectSameStateAndRestore(host, disk, cfg, params, tiered, accum);
       }
@@ -319,12 +312,7 @@ TEST(SlidingTrainer, LayerInputsParkedOnTheHostAreBitIdenticalToKeepingThemOnThe
         TrainerOptions o = Options(dtype, 1.0, cpu);
         SlidingTrainer kept(cfg, params, {.train = o, .window = window});
         SlidingTrainer parked(cfg, params, {.train = o, .window = window, .checkpoints_on_host = true});
-        for (int64_t s = 0; s < 4; ++s) {
-          auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
-          StepStats a = kept.Step(mbs), b = parked.Step(mbs);
-          EXPECT_EQ(a.loss, b.loss) << "step " << s;
-          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
-        }
+        for (int64_t s = 0; s < 4; ++s) StepAlike(kept, parked, s, accum, cfg.vocab_size);
         // Every layer's input (2 x 16 tokens of the hidden size) waited in its own host buffer.
         EXPECT_EQ(kept.parked_bytes(), 0);
         EXPECT_EQ(parked.parked_bytes(),
@@ -359,12 +347,7 @@ TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
     on_device.resident_layers = v.resident;
     SlidingTrainer host(cfg, params, {.train = o, .window = 1});
     SlidingTrainer resident(cfg, params, on_device);
-    for (int64_t s = 0; s < 5; ++s) {
-      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
-      StepStats a = host.Step(mbs), b = resident.Step(mbs);
-      EXPECT_EQ(a.loss, b.loss) << "step " << s;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
-    }
+    for (int64_t s = 0; s < 5; ++s) StepAlike(host, resident, s, v.accum, cfg.vocab_size);
     // The resident layers really stayed put: they were never loaded into a slot.
     EXPECT_LT(resident.slot_loads(), host.slot_loads());
     ExpectSameStateAndRestore(host, resident, cfg, params, on_device, v.accum);
@@ -397,10 +380,7 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
     SlidingTrainer dev(cfg, params, streamed);
     double streamed_seconds = 0;
     for (int64_t s = 0; s < 5; ++s) {
-      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
-      StepStats a = host.Step(mbs), b = dev.Step(mbs);
-      EXPECT_EQ(a.loss, b.loss) << "step " << s;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+      StepAlike(host, dev, s, v.accum, cfg.vocab_size);
       streamed_seconds += dev.last_busy().device_update;  // a step counts the updates that finished in it
     }
     EXPECT_GT(streamed_seconds, 0);
@@ -447,13 +427,13 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     first.weights_first = WeightsFirst::kOn;
     SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
     for (int64_t s = 0; s < 6; ++s) {
-      auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
-      StepStats sa = a.Step(mbs), sb = b.Step(mbs);
-      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
-      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
+      StepAlike(a, b, s, v.accum, cfg.vocab_size);
       EXPECT_FALSE(a.last_busy().weights_first);
       EXPECT_EQ(b.last_busy().weights_first, v.eligible > 0);
-      if (s == 1) EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));  // the evaluation's forward reads the ring
+      if (s == 1) {  // the evaluation's forward reads the ring
+        const auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
+        EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));
+      }
       if (s == 3) {  // a checkpoint's wait: the ring is cancelled with passes still waiting for their buffers
         a.WaitForUpdates();
         b.WaitForUpdates();
