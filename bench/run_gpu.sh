@@ -51,6 +51,11 @@ build_gpu() {
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   cmake --build build-gpu -j 16 --target "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
 }
+# cuda_engine_tests SECONDS: the engine's CUDA tests into $OUT/gpu_tests.log, their summary lines printed.
+cuda_engine_tests() {
+  timeout "$1" build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|SLIDING' "$OUT/gpu_tests.log" | head -20
+}
 # install_deepspeed: into a side directory (the box's Python is externally managed), DeepSpeed's own packages, then
 # DeepSpeed itself built against the box's torch (its ops are compiled just in time, CPU Adam included).
 install_deepspeed() {
@@ -109,8 +114,7 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench engine_tests
     echo "build ok after $((SECONDS - start)) s"
-    timeout 120 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|SLIDING' "$OUT/gpu_tests.log" | head -20
+    cuda_engine_tests 120
     echo "tests done after $((SECONDS - start)) s"
     for spec in ${STREAM_RUNS:-"llama-8b:32:0" "llama-8b:32:0.3" "llama-3b:8:0" "llama-3b:8:0.3"}; do
       IFS=: read -r shape batch share <<< "$spec"
@@ -167,8 +171,7 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench engine_tests
     echo "build ok after $((SECONDS - start)) s"
-    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
+    cuda_engine_tests 150
     for spec in ${CRITICAL_RUNS:-48:on 48:off 40:on}; do  # batch:weights-first
       IFS=: read -r b wf <<< "$spec"
       [ $((SECONDS - start)) -lt 420 ] || { echo "skipped (time): batch $b weights first $wf"; continue; }
@@ -185,8 +188,7 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench engine_tests cpu_adamw_bench
     echo "build ok after $((SECONDS - start)) s"
-    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
+    cuda_engine_tests 150
     run 60 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
     for spec in ${WEIGHTS_RUNS:-llama-8b:32:device llama-3b:32:device}; do
       IFS=: read -r shape b ckpt <<< "$spec"
