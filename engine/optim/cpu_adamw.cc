@@ -50,6 +50,18 @@ void ScalarRange(const AdamWSpan& s, const AdamWScalars& c, int64_t begin, int64
   }
 }
 
+// The SIMD bodies write the bf16 weights with non-temporal stores: nothing on the CPU reads them again (the next
+// H2D copy does), so they need not pull each line into the cache first (2 of the weights-only pass's 18 bytes an
+// element) nor evict the state the update streams through. Those stores want aligned addresses: the scalar path takes
+// the elements before the first aligned one and returns where the SIMD body starts.
+inline int64_t AlignOutput(const AdamWSpan& s, const AdamWScalars& c, int64_t begin, int64_t end, int64_t align) {
+  if (!s.out_bf16) return begin;
+  const auto addr = reinterpret_cast<uintptr_t>(s.out_bf16 + begin);
+  const int64_t head = std::min<int64_t>(end - begin, ((align - addr % align) % align) / sizeof(c10::BFloat16));
+  ScalarRange(s, c, begin, begin + head);
+  return begin + head;
+}
+
 __attribute__((target("avx2,fma"))) inline __m256 LoadGrad8(const AdamWSpan& s, int64_t i) {
   if (s.grad_bf16) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.grad_bf16 + i));
@@ -75,7 +87,7 @@ __attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const Ada
                w2 = _mm256_set1_ps(c.one_minus_b2), step = _mm256_set1_ps(c.step_size),
                bc2 = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps), gs = _mm256_set1_ps(c.grad_scale);
   const bool keep_state = !s.weights_only;
-  int64_t i = begin;
+  int64_t i = AlignOutput(s, c, begin, end, 16);
   for (; i + 8 <= end; i += 8) {
     __m256 g = _mm256_mul_ps(LoadGrad8(s, i), gs);
     __m256 p = _mm256_mul_ps(_mm256_loadu_ps(s.param + i), decay);
@@ -90,8 +102,9 @@ __attribute__((target("avx2,fma"))) void Avx2Range(const AdamWSpan& s, const Ada
       _mm256_storeu_ps(s.exp_avg + i, m);
       _mm256_storeu_ps(s.exp_avg_sq + i, v);
     }
-    if (s.out_bf16) _mm_storeu_si128(reinterpret_cast<__m128i*>(s.out_bf16 + i), ToBf16x8(p));
+    if (s.out_bf16) _mm_stream_si128(reinterpret_cast<__m128i*>(s.out_bf16 + i), ToBf16x8(p));
   }
+  if (s.out_bf16) _mm_sfence();
   ScalarRange(s, c, i, end);
 }
 
@@ -118,7 +131,7 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s,
                w2 = _mm512_set1_ps(c.one_minus_b2), step = _mm512_set1_ps(c.step_size),
                bc2 = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps), gs = _mm512_set1_ps(c.grad_scale);
   const bool keep_state = !s.weights_only;
-  int64_t i = begin;
+  int64_t i = AlignOutput(s, c, begin, end, 32);
   for (; i + 16 <= end; i += 16) {
     __m512 g = _mm512_mul_ps(LoadGrad16(s, i), gs);
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s.param + i), decay);
@@ -133,8 +146,9 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Range(const AdamWSpan& s,
       _mm512_storeu_ps(s.exp_avg + i, m);
       _mm512_storeu_ps(s.exp_avg_sq + i, v);
     }
-    if (s.out_bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.out_bf16 + i), ToBf16x16(p));
+    if (s.out_bf16) _mm256_stream_si256(reinterpret_cast<__m256i*>(s.out_bf16 + i), ToBf16x16(p));
   }
+  if (s.out_bf16) _mm_sfence();
   ScalarRange(s, c, i, end);
 }
 

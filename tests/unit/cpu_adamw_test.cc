@@ -124,6 +124,54 @@ TEST(CpuAdamW, EveryLevelIsBitIdenticalToTheScalarBodyInAnyChunking) {
   }
 }
 
+// The SIMD bodies store the bf16 weights with aligned non-temporal stores, taking the elements before the first
+// aligned output on the scalar path: an output at any offset from its inputs' alignment gets the same weights.
+TEST(CpuAdamW, OutputAtAnyAlignmentGetsTheSameWeights) {
+  const int64_t n = 1000;
+  at::manual_seed(n);
+  AdamWStepArgs args;
+  args.hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const at::Tensor p0 = at::randn({n}), g = (at::randn({n}) * 0.01).to(at::kBFloat16);
+  for (SimdLevel level : LevelsHere()) {
+    for (bool weights_only : {true, false}) {
+      at::Tensor want;
+      for (int64_t offset : {0, 1, 5, 8, 15, 16}) {
+        State s{p0.clone(), at::zeros({n}), at::zeros({n})};
+        at::Tensor buffer = at::zeros({n + 32}, at::kBFloat16);
+        AdamWSpan span;
+        span.param = s.p.data_ptr<float>();
+        span.exp_avg = s.m.data_ptr<float>();
+        span.exp_avg_sq = s.v.data_ptr<float>();
+        span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g.data_ptr());
+        span.out_bf16 = reinterpret_cast<c10::BFloat16*>(buffer.data_ptr()) + offset;
+        span.n = n;
+        span.weights_only = weights_only;
+        CpuAdamW(span, args, level, 1);
+        const at::Tensor got = buffer.narrow(0, offset, n);
+        const std::string where = std::string(SimdLevelName(level)) + " offset " + std::to_string(offset) +
+                                  (weights_only ? " weights only" : " whole");
+        if (!want.defined()) want = got.clone();
+        EXPECT_TRUE(at::equal(got, want)) << where;
+        // Nothing written outside the span.
+        EXPECT_EQ(buffer.narrow(0, 0, offset).count_nonzero().item<int64_t>(), 0) << where;
+        EXPECT_EQ(buffer.narrow(0, offset + n, 32 - offset).count_nonzero().item<int64_t>(), 0) << where;
+      }
+      // And the weights are the update's: the scalar body at offset 0 computes the same.
+      State s{p0.clone(), at::zeros({n}), at::zeros({n})};
+      at::Tensor scalar_out = at::empty({n}, at::kBFloat16);
+      AdamWSpan span{s.p.data_ptr<float>(),
+                     s.m.data_ptr<float>(),
+                     s.v.data_ptr<float>(),
+                     reinterpret_cast<const c10::BFloat16*>(g.data_ptr()),
+                     nullptr,
+                     reinterpret_cast<c10::BFloat16*>(scalar_out.data_ptr()),
+                     n};
+      CpuAdamW(span, args, SimdLevel::kScalar, 1);
+      EXPECT_TRUE(at::equal(want, scalar_out)) << SimdLevelName(level);
+    }
+  }
+}
+
 // The weights-only pass (the next forward's weights ahead of the whole update) writes exactly the bf16 weights the
 // whole update then writes, and leaves the master and both moments untouched: every level, odd sizes, chunked
 // ranges, bf16 and fp32 gradients, a clipping scale, several steps.
