@@ -21,6 +21,8 @@
 #   bench/run_gpu.sh weights CUDA engine tests, the CPU AdamW whole update against its weights-only pass, then the
 #                            weights-first schedule off and on at WEIGHTS_RUNS="shape:batch:checkpoints ..." (default
 #                            8B batch 32, then 3B batch 32, layer inputs on the device)
+#   bench/run_gpu.sh wfpeers the weights-first CUDA tests, ours (weights first automatic) and DeepSpeed at 3B batch 32,
+#                            8B batch 32, then both shapes with weights first off: the short-session call
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
 #                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
@@ -197,6 +199,28 @@ case "$phase" in
         SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt run 150 build-gpu/bench/sliding_bench "$shape" "$b" 1024 3 2 cuda 1.0
         echo "ours $spec weights first $wf done after $((SECONDS - start)) s"
       done
+    done ;;
+  wfpeers)
+    # One call for when device time is short: the weights-first CUDA equivalence test, then ours with weights first
+    # (automatic) at 3B batch 32 beside DeepSpeed ZeRO-3 offload at the same batch, 8B batch 32 with it, then both
+    # shapes with it off as the baseline, as time allows.
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 90 build-gpu/tests/engine_tests --gtest_filter='*WeightsFirst*' > "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED|      OK) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20
+    SLIDE_WEIGHTS_FIRST=auto run 120 build-gpu/bench/sliding_bench llama-3b 32 1024 3 2 cuda 1.0
+    echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
+    install_deepspeed
+    run 230 python3 bench/peers/supervise.py --deadline 210 \
+      --line '{"bench": "peer", "peer": "deepspeed", "shape": "llama-3b", "batch": 32, "seq": 1024}' \
+      -- python3 bench/peers/peer_train.py deepspeed llama-3b 32 1024 3
+    echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
+    for spec in llama-8b:auto llama-3b:off llama-8b:off; do
+      IFS=: read -r shape wf <<< "$spec"
+      [ $((SECONDS - start)) -lt 470 ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_WEIGHTS_FIRST=$wf run 120 build-gpu/bench/sliding_bench "$shape" 32 1024 3 2 cuda 1.0
+      echo "ours $spec done after $((SECONDS - start)) s"
     done ;;
   largest)
     # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
