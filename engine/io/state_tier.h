@@ -38,7 +38,8 @@ struct StateTierOptions {
   int buffers = 6;                 // chunks in the ring: read ahead, being updated, written behind
   // Whose state the tier holds: -1 every unit (embedding and head too); k >= 1 only the last k layers, the rest
   // staying in host memory, so a model a little too large for the host spills only what does not fit. The last
-  // layers are the ones whose updates the next forward needs last (updates run in forward order).
+  // layers are the ones whose updates the next forward needs last (updates run in forward order). A job's 0 (as few
+  // as fit) is the planner's to resolve before the tier opens (PlanRequest::nvme_layers).
   int64_t layers = -1;
 };
 

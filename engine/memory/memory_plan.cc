@@ -54,6 +54,23 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   return p;
 }
 
+// PlanRequest::nvme_layers == 0: plans with 1, 2, ... tiered layers, unchecked against the host, until one fits the
+// budget less its margin; then every unit, checked as any request is.
+StatusOr<MemoryPlan> PlanFewestTieredLayers(const PlanRequest& r) {
+  if (r.host_budget_bytes <= 0)
+    return InvalidArgument("choosing the NVMe tier's layers (nvme_layers 0) needs a host memory budget");
+  const int64_t room = r.host_budget_bytes - r.host_budget_bytes / 16;
+  PlanRequest each = r;
+  each.host_budget_bytes = 0;
+  for (each.nvme_layers = 1; each.nvme_layers <= r.model.num_layers; ++each.nvme_layers) {
+    SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(each));
+    if (plan.host_total <= room) return plan;
+  }
+  each.nvme_layers = -1;
+  each.host_budget_bytes = r.host_budget_bytes;
+  return PlanMemory(each);
+}
+
 }  // namespace
 
 std::string FormatBytes(int64_t bytes) {
@@ -63,6 +80,7 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
+  if (r.moments_on_nvme && r.nvme_layers == 0) return PlanFewestTieredLayers(r);
   if (r.micro_batch < 1 || r.seq_len < 1 || r.grad_accum < 1 || r.lm_head_chunk_tokens < 1)
     return InvalidArgument("micro_batch, seq_len, grad_accum and lm_head_chunk_tokens must be >= 1");
   if (r.compute_dtype != c10::kBFloat16 && r.compute_dtype != c10::kFloat)
@@ -136,6 +154,7 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   best.moments_bytes = 8 * (n - tiered);
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
   best.nvme_bytes = (8 + (r.master_on_nvme ? 4 : 0)) * tiered;
+  best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;
   best.staging_bytes = e * n;
   best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
@@ -181,7 +200,9 @@ std::string MemoryPlan::ToString() const {
   if (weight_ring_bytes > 0) row("weights-first ring", weight_ring_bytes);
   row("total", host_total);
   if (nvme_bytes > 0) {
-    out += "NVMe\n";
+    out += "NVMe (" +
+           (nvme_layers < 0 ? std::string("every unit") : "the last " + std::to_string(nvme_layers) + " layers") +
+           ")\n";
     row("optimizer state on disk", nvme_bytes);
   }
   return out;

@@ -30,7 +30,10 @@ struct PlanRequest {
   bool moments_on_nvme = false;
   bool master_on_nvme = false;
   int64_t nvme_ring_bytes = 0;
-  int64_t nvme_layers = -1;  // the tier holds every unit's state (-1) or only the last k layers' (StateTierOptions)
+  // The tier holds every unit's state (-1) or only the last k layers' (StateTierOptions); 0: the fewest last layers
+  // (at least 1) with which the host side fits host_budget_bytes less a sixteenth (the plans are estimates, within
+  // ~1 GiB of the peak measured at 8B), else every unit's. Needs a host budget.
+  int64_t nvme_layers = -1;
   // Layers [0, k) kept on the device with their whole optimizer state (weights, fp32 master, both moments, the
   // gradient held until the update) and updated there: no load, no gradient copy, no CPU update for them.
   // 0: none; -1: as many as the budget holds after the window (the window then defaults to 2 slots, which
@@ -64,7 +67,8 @@ struct MemoryPlan {
   int64_t nvme_ring_bytes = 0;    // the NVMe tier's chunk buffers
   int64_t weight_ring_bytes = 0;  // the weights-first ring
   int64_t host_total = 0;
-  int64_t nvme_bytes = 0;  // optimizer state on disk
+  int64_t nvme_bytes = 0;    // optimizer state on disk
+  int64_t nvme_layers = -1;  // the tier's layers as planned (PlanRequest::nvme_layers; the planner's pick for 0)
 
   std::string ToString() const;  // a readable table
 };

@@ -126,6 +126,12 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
   options.checkpoints_on_host = plan.checkpoints_on_host && options.train.device.is_cuda();
   options.device_budget_bytes = request.device_budget_bytes;
   options.resident_layers = plan.resident_layers;
+  if (options.nvme.mode != TierMode::kNone && options.nvme.layers == 0) {
+    if (request.nvme_layers != 0)
+      return InvalidArgument("the NVMe tier's layers are 0 (the planner picks them), but the plan was asked for " +
+                             std::to_string(request.nvme_layers));
+    options.nvme.layers = plan.nvme_layers;  // the fewest that fit the host
+  }
   SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, options));
   auto trainer =
       std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options), std::move(tier));

@@ -239,8 +239,8 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(s.window >= 0, "window", "must be >= 0 (0 = chosen by the planner)"));
   SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
   SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_layers >= 1, "nvme_layers",
-                              "must be >= 1 (the last N layers' state on the NVMe tier)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers >= -1, "nvme_layers",
+                              "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
   if (s.nvme_state != TierMode::kNone && s.nvme.io.dirs.empty())

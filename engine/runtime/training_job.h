@@ -57,7 +57,7 @@ struct TrainingJobSpec {
   int64_t log_every = 1;
   // Optimizer state on local disk through the NVMe tier.
   TierMode nvme_state = TierMode::kNone;
-  int64_t nvme_layers = -1;  // with nvme_state: only the last N layers' state on the tier; -1: every unit
+  int64_t nvme_layers = -1;  // with nvme_state: only the last N layers' state on the tier; 0: as few as fit; -1: all
   // Set by the daemon (its `nvme` section), not by users: the tier's directories and I/O settings. A job that
   // asks for nvme_state without directories is refused.
   StateTierOptions nvme{};

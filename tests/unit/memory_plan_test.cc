@@ -200,10 +200,50 @@ TEST(MemoryPlan, ATierOfTheLastLayersMovesOnlyTheirState) {
   const MemoryPlan moments = testing::ValueOrDie(PlanMemory(r));
   EXPECT_EQ(moments.nvme_bytes, 8 * 5 * layer);
   EXPECT_EQ(moments.master_bytes, host.master_bytes);
-  for (int64_t bad : {int64_t(0), int64_t(-2), int64_t(33)}) {
+  for (int64_t bad : {int64_t(-2), int64_t(33)}) {  // 0 is the planner's pick (below)
     r.nvme_layers = bad;
     EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument) << bad;
   }
+}
+
+// nvme_layers 0: the fewest last layers whose state on the tier lets the host side fit the budget less a sixteenth;
+// every unit's when no count of layers does; refused without a host budget.
+TEST(MemoryPlan, PicksTheFewestTieredLayersThatFitTheHost) {
+  PlanRequest r = Request8B(24);
+  r.window = 2;
+  r.moments_on_nvme = r.master_on_nvme = true;
+  r.nvme_ring_bytes = 6 * (32 << 20) * 3;
+  auto host_with = [&](int64_t layers) {
+    PlanRequest k = r;
+    k.nvme_layers = layers;
+    return testing::ValueOrDie(PlanMemory(k)).host_total;
+  };
+  const int64_t seven = host_with(7), eight = host_with(8);
+  ASSERT_LT(eight, seven);
+  r.nvme_layers = 0;
+  r.host_budget_bytes = (eight + 1) * 16 / 15 + 16;  // room (budget less a sixteenth) holds eight, not seven
+  ASSERT_LT(r.host_budget_bytes - r.host_budget_bytes / 16, seven);
+  const MemoryPlan picked = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(picked.nvme_layers, 8);
+  EXPECT_EQ(picked.host_total, eight);
+  ExpectContains(picked.ToString(), "NVMe (the last 8 layers)");
+  r.host_budget_bytes = int64_t(200) << 30;  // everything fits: still one layer, the tier was asked for
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(r)).nvme_layers, 1);
+  // Too small for any count of layers: every unit on the tier, checked against the budget as any plan is.
+  PlanRequest all = r;
+  all.nvme_layers = -1;
+  all.host_budget_bytes = 0;
+  const int64_t every_unit = testing::ValueOrDie(PlanMemory(all)).host_total;
+  r.host_budget_bytes = every_unit;
+  const MemoryPlan every = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(every.nvme_layers, -1);
+  ExpectContains(every.ToString(), "NVMe (every unit)");
+  r.host_budget_bytes = every_unit - 1;
+  EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kResourceExhausted);
+  r.host_budget_bytes = 0;
+  const auto no_budget = PlanMemory(r);
+  EXPECT_EQ(no_budget.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(no_budget.status().message(), "needs a host memory budget");
 }
 
 // The weights-first ring: window + 1 bf16 buffers of the largest layer, in the host total, only for bf16 compute

@@ -263,10 +263,29 @@ TEST(TrainingJob, ResumesExactlyWithStateOnNvme) {
 TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
   ExpectExactResume({TierMode::kMoments, TierMode::kMomentsAndMaster, TierMode::kNone}, 1);
   ExpectExactResume({TierMode::kNone, TierMode::kMoments, TierMode::kMomentsAndMaster}, 1);
+  ExpectExactResume({TierMode::kMoments, TierMode::kNone, TierMode::kMomentsAndMaster}, 0);  // the planner's pick
 }
 
-// nvme_layers is a count of layers on the tier: it needs the tier, and is at least 1 and at most the model's
-// layer count; each mistake fails the job with the field named, before any step.
+// nvme_layers 0: the planner tiers the fewest last layers with which the rest fits the host; the demo model fits any
+// host, so one layer, and the job's log says so.
+TEST(TrainingJob, NvmeLayersZeroTiersTheFewestThatFit) {
+  testing::TempDir out;
+  ScratchDir nvme_dir;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 2;
+  spec.nvme.io.dirs = {nvme_dir.path()};
+  spec.nvme_state = TierMode::kMoments;
+  spec.nvme_layers = 0;
+  std::string log;
+  TrainingCallbacks cb{[&](const std::string& line) { log += line + "\n"; }, nullptr};
+  const TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr));
+  EXPECT_EQ(r.steps, 2);
+  ExpectContains(log, "moments of the last 1 layers on NVMe");
+  ExpectContains(log, "NVMe (the last 1 layers)");
+}
+
+// nvme_layers is a count of layers on the tier (0: the planner's pick): it needs the tier, and is at least 0 and at
+// most the model's layer count; each mistake fails the job with the field named, before any step.
 TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
   testing::TempDir out;
   ScratchDir nvme_dir;
@@ -277,7 +296,7 @@ TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "'nvme_layers' needs nvme_state");
   spec.nvme_state = TierMode::kMoments;
-  spec.nvme_layers = 0;
+  spec.nvme_layers = -2;
   r = RunTrainingJob(spec, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "'nvme_layers' must be >= 1");
