@@ -8,7 +8,8 @@
 // SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
 // SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
 // NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it); SLIDE_NVME_LAYERS=K
-// puts only the last K layers' state there (default: every unit), the rest staying in host memory.
+// puts only the last K layers' state there (default: every unit), the rest staying in host memory; K=0 lets the
+// planner pick the fewest that fit this machine's memory (the JSON line's nvme_layers is its pick).
 // SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
 // 0 on the CPU) on the device with their optimizer state, updated there.
 // SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
   plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
   plan_request.nvme_layers = nvme.layers;
+  if (nvme.mode != TierMode::kNone && nvme.layers == 0) plan_request.host_budget_bytes = PhysicalHostBytes();
   // SLIDE_WEIGHTS_FIRST=auto|on|off (SlidingOptions::weights_first; default auto).
   const char* wf_env = std::getenv("SLIDE_WEIGHTS_FIRST");
   const std::string wf = wf_env != nullptr && *wf_env != '\0' ? wf_env : "auto";
@@ -146,15 +148,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const MemoryPlan& plan = planned.value();
+  if (nvme.mode != TierMode::kNone) nvme.layers = plan.nvme_layers;  // the planner's pick for 0
   std::fprintf(stderr, "%s", plan.ToString().c_str());
   // SLIDE_PLAN_ONLY=1: the plan's totals as one JSON line, nothing allocated (run_gpu.sh largest sizes its ladder
   // with it; the plan was within 1 GiB of the measured host peak at 8B).
   if (const char* only = std::getenv("SLIDE_PLAN_ONLY"); only != nullptr && std::string(only) == "1") {
     std::printf(
         "{\"bench\": \"plan\", \"shape\": \"%s\", \"params\": %lld, \"resident_layers\": %lld, "
-        "\"planned_gpu_bytes\": %lld, \"planned_host_bytes\": %lld, \"nvme_bytes\": %lld}\n",
+        "\"planned_gpu_bytes\": %lld, \"planned_host_bytes\": %lld, \"nvme_bytes\": %lld, \"nvme_layers\": %lld}\n",
         shape.c_str(), (long long)cfg.TotalParamCount(), (long long)plan.resident_layers, (long long)plan.device_total,
-        (long long)plan.host_total, (long long)plan.nvme_bytes);
+        (long long)plan.host_total, (long long)plan.nvme_bytes, (long long)plan.nvme_layers);
     return 0;
   }
   ModelParams init = bench::RandomLlamaParams(cfg);
