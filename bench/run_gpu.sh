@@ -196,7 +196,9 @@ case "$phase" in
       IFS=: read -r shape b ckpt <<< "$spec"
       for wf in off on; do
         [ $((SECONDS - start)) -lt 450 ] || { echo "skipped (time): $spec $wf"; continue; }
-        SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt run 150 build-gpu/bench/sliding_bench "$shape" "$b" 1024 3 2 cuda 1.0
+        # 6 timed steps: weights first (auto) posts from the second on, so 4 run on its updates; the last step's
+        # trace names what the engine waited for.
+        SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt traced "wf-$shape-$b-$wf" "$shape" "$b" 1024 6 2 cuda 1.0
         echo "ours $spec weights first $wf done after $((SECONDS - start)) s"
       done
     done ;;
