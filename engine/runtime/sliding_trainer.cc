@@ -35,6 +35,11 @@ AdamWStepArgs ParamArgs(const ParamSpec& spec, const AdamWStepArgs& unit_args) {
   return a;
 }
 
+// Weights first may run: asked for, or automatic on CUDA (kAuto only ever turns it on there).
+bool WeightsFirstAllowed(const SlidingOptions& o) {
+  return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());
+}
+
 // Cancels the weights-first ring when a forward fails part way: passes waiting for loads that will not come go on,
 // and a later step or evaluation loads from staging instead of waiting behind them (or reading a stale round).
 class CancelRingOnThrow {
@@ -117,9 +122,7 @@ StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerO
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                                  SlidingOptions options, PlanRequest request,
                                                                  MemoryPlan* plan_out) {
-  // The ring is counted where it can be used: kAuto only ever turns it on on CUDA.
-  request.weights_first = options.weights_first == WeightsFirst::kOn ||
-                          (options.weights_first == WeightsFirst::kAuto && options.train.device.is_cuda());
+  request.weights_first = WeightsFirstAllowed(options);  // the ring is counted where it can be used
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
   // On the CPU the device is host memory: parking its layer inputs would only copy them.
@@ -241,6 +244,19 @@ void SlidingTrainer::Init() {
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
   worker_ = std::make_unique<UpdateWorker>(2 * n_units);  // each unit's whole update, then its weights-only pass
   ring_ticket_.assign(layout_.num_layers(), -1);
+  // The weights-first ring is page-locked here, where the plan counted it, rather than in the first step that goes
+  // weights first (pinning ~1.3 GiB at 8B takes a good part of a second of that step).
+  bool may_go_weights_first = false;
+  for (size_t u = 0; u < n_units; ++u) may_go_weights_first = may_go_weights_first || WeightsFirstEligible(u);
+  if (WeightsFirstAllowed(opts_) && may_go_weights_first && dtype == c10::kBFloat16 && opts_.train.max_grad_norm > 0)
+    MakeWeightRing();
+}
+
+void SlidingTrainer::MakeWeightRing() {
+  std::vector<at::Tensor> buffers;
+  for (int64_t r = 0; r <= opts_.window; ++r)
+    buffers.push_back(queue_->AllocateHost(slots_.front().numel(), opts_.train.compute_dtype));
+  weight_ring_ = std::make_unique<WeightRing>(std::move(buffers));
 }
 
 void SlidingTrainer::WaitAllWorkers() {
@@ -560,12 +576,7 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
       if (WeightsFirstEligible(u)) early.push_back(u);
   }
   if (!early.empty()) {
-    if (!weight_ring_) {
-      std::vector<at::Tensor> buffers;
-      for (int64_t r = 0; r <= opts_.window; ++r)
-        buffers.push_back(queue_->AllocateHost(slots_.front().numel(), opts_.train.compute_dtype));
-      weight_ring_ = std::make_unique<WeightRing>(std::move(buffers));
-    }
+    if (!weight_ring_) MakeWeightRing();
     // The last round ends here: its copies have read their buffers (Cancel waits for them; the new round's fills
     // reuse the buffers from ticket 0) and its passes are done (a forward waited for each, or they go on now).
     CancelWeightRing();

@@ -171,6 +171,7 @@ class SlidingTrainer {
   // of `unit` into ring ticket `ticket`, tracked by the worker as unit EarlyUnit(unit).
   bool WeightsFirstEligible(size_t unit) const;
   bool ChooseWeightsFirst() const;
+  void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
   void PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket);
   size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
