@@ -196,8 +196,8 @@ case "$phase" in
       IFS=: read -r shape b ckpt <<< "$spec"
       for wf in off on; do
         [ $((SECONDS - start)) -lt 450 ] || { echo "skipped (time): $spec $wf"; continue; }
-        # 6 timed steps: weights first (auto) posts from the second on, so 4 run on its updates; the last step's
-        # trace names what the engine waited for.
+        # 6 timed steps (on posts weights first from the warm-up on, so every timed step runs on its updates); the
+        # last step's trace names what the engine waited for.
         SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt traced "wf-$shape-$b-$wf" "$shape" "$b" 1024 6 2 cuda 1.0
         echo "ours $spec weights first $wf done after $((SECONDS - start)) s"
       done
@@ -209,7 +209,8 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench
     echo "build ok after $((SECONDS - start)) s"
-    SLIDE_WEIGHTS_FIRST=auto run 120 build-gpu/bench/sliding_bench llama-3b 32 1024 3 2 cuda 1.0
+    # 6 timed steps: automatic weights first turns on once a step has been measured, so 4 of them run on it.
+    SLIDE_WEIGHTS_FIRST=auto run 150 build-gpu/bench/sliding_bench llama-3b 32 1024 6 2 cuda 1.0
     echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
     install_deepspeed
     run 230 python3 bench/peers/supervise.py --deadline 210 \
@@ -219,7 +220,7 @@ case "$phase" in
     for spec in llama-8b:auto llama-3b:off llama-8b:off; do
       IFS=: read -r shape wf <<< "$spec"
       [ $((SECONDS - start)) -lt ${WF_BUDGET_S:-420} ] || { echo "skipped (time): $spec"; continue; }
-      SLIDE_WEIGHTS_FIRST=$wf run 120 build-gpu/bench/sliding_bench "$shape" 32 1024 3 2 cuda 1.0
+      SLIDE_WEIGHTS_FIRST=$wf run 150 build-gpu/bench/sliding_bench "$shape" 32 1024 6 2 cuda 1.0
       echo "ours $spec done after $((SECONDS - start)) s"
     done
     cmake --build build-gpu -j 16 --target engine_tests > "$OUT/build-tests.log" 2>&1 || { echo "engine_tests build failed"; exit 1; }

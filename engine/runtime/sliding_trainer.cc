@@ -576,7 +576,7 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
       if (WeightsFirstEligible(u)) early.push_back(u);
   }
   if (!early.empty()) {
-    if (!weight_ring_) MakeWeightRing();
+    TORCH_CHECK(weight_ring_, "weights first without its ring (Init makes it wherever a step may go weights first)");
     // The last round ends here: its copies have read their buffers (Cancel waits for them; the new round's fills
     // reuse the buffers from ticket 0) and its passes are done (a forward waited for each, or they go on now).
     CancelWeightRing();
