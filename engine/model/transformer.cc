@@ -146,7 +146,21 @@ at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const 
 
 int64_t CountValidTargets(const at::Tensor& targets) { return targets.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
+// On the host a plain loop: the trainers call this at the start of each step, while the update's threads hold
+// the cores and ATen's CPU thread pool would wait for them.
 int64_t CheckedTargetCount(const at::Tensor& targets, int64_t vocab) {
+  if (targets.device().is_cpu()) {
+    const at::Tensor t = targets.to(at::kLong).contiguous();
+    const int64_t* p = t.data_ptr<int64_t>();
+    int64_t valid = 0;
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+      if (p[i] == kIgnoreIndex) continue;
+      TORCH_CHECK(p[i] >= 0 && p[i] < vocab, "target ", p[i], " at position ", i,
+                  " is neither -100 nor a token id in [0, ", vocab, ")");
+      ++valid;
+    }
+    return valid;
+  }
   const at::Tensor bad = targets.ne(kIgnoreIndex) & (targets.lt(0) | targets.ge(vocab));
   if (bad.any().item<bool>()) {
     const int64_t at = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();

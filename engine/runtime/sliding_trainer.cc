@@ -260,6 +260,7 @@ void SlidingTrainer::MakeWeightRing() {
 }
 
 void SlidingTrainer::WaitAllWorkers() {
+  updates_posted_ = false;
   CancelWeightRing();  // a pending weights-only pass may be waiting for a forward that will not come first
   worker_->WaitAll();
   if (stream_worker_) stream_worker_->WaitAll();
@@ -335,6 +336,14 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   queue_->LoadSlot(slot, head ? head_dev_ : embed_dev_, staging_[unit]);
   version = weights_version_;
   ++slot_loads_;
+}
+
+const RopeTables& SlidingTrainer::Rope(int64_t seq_len) {
+  if (seq_len != rope_seq_len_) {
+    rope_ = BuildRopeTables(cfg_, seq_len, device_opts_);
+    rope_seq_len_ = seq_len;
+  }
+  return rope_;
 }
 
 void SlidingTrainer::WaitForUpdates() {
@@ -552,16 +561,12 @@ bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
   return layer && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
 }
 
-// Both passes cost the CPU ~1.55x the whole update's bytes (16 + 30 of 30 per element); they pay when that fits
-// in the device's compute time with a margin, judged by the last step (whose cpu_update held both passes if it
-// went weights first). Until a step has run another step's updates there is nothing to judge by: off.
-bool SlidingTrainer::ChooseWeightsFirst() const {
+// Off where the weights cannot go first (fp32 compute) and, automatically, on the CPU device (the passes would take
+// the cores the compute runs on); otherwise the policy's choice, made by the steps' measured times.
+bool SlidingTrainer::ChooseWeightsFirst() {
   if (opts_.weights_first == WeightsFirst::kOff || opts_.train.compute_dtype != c10::kBFloat16) return false;
   if (opts_.weights_first == WeightsFirst::kOn) return true;
-  constexpr double kBothPasses = 1.55, kComputeShare = 0.9;
-  if (!on_cuda_ || last_compute_ <= 0 || last_cpu_update_ <= 0) return false;  // nothing measured yet
-  const double whole = last_weights_first_ ? last_cpu_update_ / kBothPasses : last_cpu_update_;
-  return whole * kBothPasses <= kComputeShare * last_compute_;
+  return on_cuda_ && weights_first_policy_.Choose();
 }
 
 // Forward order: the embedding's whole update, each layer's weights-only pass (or whole update when it cannot go
@@ -594,6 +599,7 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   }
   for (auto u = early.rbegin(); u != early.rend(); ++u) PostUpdate(*u, lr, grad_scale, step_ + 1);
   busy_.weights_first = !early.empty();
+  updates_posted_ = true;
 }
 
 void SlidingTrainer::PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket) {
@@ -682,7 +688,7 @@ double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
   for (const auto& mb : micro_batches) {
     at::Tensor ids = mb.input_ids.to(opts_.train.device);
-    at::Tensor x = ForwardTrunk(ids, BuildRopeTables(cfg_, ids.size(1), device_opts_), nullptr);
+    at::Tensor x = ForwardTrunk(ids, Rope(ids.size(1)), nullptr);
     queue_->UseSlot(static_cast<int>(opts_.window) + 1);
     loss_sum.add_(HeadLoss(cfg_, layout_.head(), head_dev_, LmHeadWeight(layout_, embed_dev_, head_dev_), x,
                            mb.targets.to(opts_.train.device), normalizer, opts_.train.loss));
@@ -696,6 +702,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
   CheckUpdates();
   const bool ran_weights_first = busy_.weights_first;  // the last step posted the updates this step runs
+  const bool ran_updates = updates_posted_;            // not after a checkpoint or an evaluation waited for them
+  updates_posted_ = false;
+  const int64_t step_start_ns = NowNs();
   busy_ = ResourceBusy{};
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
@@ -730,7 +739,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     const bool first = mb == 0, last = mb + 1 == micro_batches.size();
     at::Tensor ids = micro_batches[mb].input_ids.to(opts_.train.device);
     at::Tensor targets = micro_batches[mb].targets.to(opts_.train.device);
-    RopeTables rope = BuildRopeTables(cfg_, ids.size(1), device_opts_);
+    const RopeTables& rope = Rope(ids.size(1));
 
     std::vector<at::Tensor> parked(L);
     at::Tensor x = ForwardTrunk(ids, rope, &parked);
@@ -829,9 +838,11 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
   busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
-  last_compute_ = busy_.compute;
-  last_cpu_update_ = busy_.cpu_update;  // mostly the updates the last step posted, run during this one
-  last_weights_first_ = ran_weights_first;
+  weights_first_policy_.Record({.step_s = (NowNs() - step_start_ns) / 1e9,
+                                .compute_s = busy_.compute,
+                                .cpu_update_s = busy_.cpu_update,  // mostly the updates the last step posted
+                                .ran_updates = ran_updates,
+                                .ran_weights_first = ran_weights_first});
   busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;
   busy_.device_update = q.device_update;
   return stats;

@@ -34,6 +34,7 @@
 #include "engine/runtime/step_trace.h"
 #include "engine/runtime/update_worker.h"
 #include "engine/runtime/weight_ring.h"
+#include "engine/runtime/weights_first_policy.h"
 
 namespace slide {
 
@@ -45,7 +46,7 @@ namespace slide {
 // gradients. The forward waits for the short pass only; the CPU moves ~1.5x the bytes a step, so it pays when the
 // device's compute can hide both passes. Bit-identical to the whole update either way.
 enum class WeightsFirst {
-  kAuto,  // on CUDA, each step by the last one's times: both passes fit in the device's compute time
+  kAuto,  // on CUDA, by measured step times (WeightsFirstPolicy)
   kOn,    // whenever clipping with bf16 compute (tests)
   kOff,
 };
@@ -158,6 +159,9 @@ class SlidingTrainer {
   void WaitForUnit(size_t unit, const char* why);
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
   void LoadEdgeUnit(bool head);        // the embedding or the head buffer
+  // The RoPE tables for `seq_len`, built on the first step of that length and kept on the device: building them
+  // takes ATen's CPU thread pool, which the update's threads hold, and made each step start ~50 ms late.
+  const RopeTables& Rope(int64_t seq_len);
   at::Tensor LandingBuffer(size_t unit);
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
@@ -170,7 +174,7 @@ class SlidingTrainer {
   // Weights first (see WeightsFirst): which units may, whether this step's updates do, and the weights-only pass
   // of `unit` into ring ticket `ticket`, tracked by the worker as unit EarlyUnit(unit).
   bool WeightsFirstEligible(size_t unit) const;
-  bool ChooseWeightsFirst() const;
+  bool ChooseWeightsFirst();
   void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
   void PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket);
@@ -227,12 +231,12 @@ class SlidingTrainer {
   std::vector<at::Tensor> retired_host_;  // outgrown ones, page-locked while the queue lives
   at::Tensor parked_dev_[2];              // device buffers parked inputs come back into, by layer % 2
   // Weights first: the ring (made at first use), each layer's ticket while its next weights wait there (-1:
-  // load from staging), the last step's times the automatic choice goes by.
+  // load from staging).
   std::unique_ptr<WeightRing> weight_ring_;
   std::vector<int64_t> ring_ticket_;
   int64_t ring_loads_ = 0;
-  double last_compute_ = 0, last_cpu_update_ = 0;
-  bool last_weights_first_ = false;
+  WeightsFirstPolicy weights_first_policy_;  // the automatic choice, by the steps' measured times
+  bool updates_posted_ = false;              // the last step posted updates after its norm (the next step runs them)
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
@@ -250,6 +254,8 @@ class SlidingTrainer {
   int64_t step_ = 0;
   int64_t slot_loads_ = 0;
   int64_t planned_tokens_ = 0;  // micro-batch tokens the memory plan allows (0: unplanned)
+  int64_t rope_seq_len_ = -1;   // the length rope_ holds tables for
+  RopeTables rope_;
 };
 
 }  // namespace slide
