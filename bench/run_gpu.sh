@@ -209,8 +209,9 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench
     echo "build ok after $((SECONDS - start)) s"
-    # 6 timed steps: automatic weights first turns on once a step has been measured, so 4 of them run on it.
-    SLIDE_WEIGHTS_FIRST=auto run 150 build-gpu/bench/sliding_bench llama-3b 32 1024 6 2 cuda 1.0
+    # 6 timed steps after the warm-up: the automatic choice measures the whole update (2 steps), then weights first
+    # (its first step is not counted), so at most the last 4 run weights first; each run keeps its last step's trace.
+    SLIDE_WEIGHTS_FIRST=auto traced wfp-llama-3b-auto llama-3b 32 1024 6 2 cuda 1.0
     echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
     install_deepspeed
     run 230 python3 bench/peers/supervise.py --deadline 210 \
@@ -220,7 +221,7 @@ case "$phase" in
     for spec in llama-8b:auto llama-3b:off llama-8b:off; do
       IFS=: read -r shape wf <<< "$spec"
       [ $((SECONDS - start)) -lt ${WF_BUDGET_S:-420} ] || { echo "skipped (time): $spec"; continue; }
-      SLIDE_WEIGHTS_FIRST=$wf run 150 build-gpu/bench/sliding_bench "$shape" 32 1024 6 2 cuda 1.0
+      SLIDE_WEIGHTS_FIRST=$wf traced "wfp-$shape-$wf" "$shape" 32 1024 6 2 cuda 1.0
       echo "ours $spec done after $((SECONDS - start)) s"
     done
     cmake --build build-gpu -j 16 --target engine_tests > "$OUT/build-tests.log" 2>&1 || { echo "engine_tests build failed"; exit 1; }
