@@ -195,6 +195,12 @@ int main(int argc, char** argv) {
   const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
   int weights_first_steps = 0;  // timed steps whose updates went weights first
+  // Mean step time by the schedule of the updates a step ran (posted by the step before), counting a step only when
+  // the step before it ran the same schedule (a switch spills into the next step): the automatic choice's two
+  // measurements side by side.
+  double schedule_s[2] = {0, 0};
+  int schedule_n[2] = {0, 0};
+  bool posted_first = trainer.last_busy().weights_first, ran_before = false, have_before = false;
   double loss = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
@@ -204,6 +210,9 @@ int main(int argc, char** argv) {
         sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
     sum.cpu_update_weights += b.cpu_update_weights;
     weights_first_steps += b.weights_first ? 1 : 0;
+    const bool ran_first = posted_first;
+    if (have_before && ran_before == ran_first) schedule_s[ran_first] += b.step, ++schedule_n[ran_first];
+    ran_before = ran_first, have_before = true, posted_first = b.weights_first;
   }
   if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
     std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
@@ -252,7 +261,8 @@ int main(int argc, char** argv) {
       "\"host_rss_bytes_after\": %.0f, "
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f, \"device_update\": %.3f, \"cpu_update_weights\": %.3f}, \"weights_first\": \"%s\", "
-      "\"weights_first_steps\": %d, \"ring_loads\": %lld, "
+      "\"weights_first_steps\": %d, \"step_s_by_schedule\": {\"whole\": %.3f, \"whole_steps\": %d, "
+      "\"weights_first\": %.3f, \"weights_first_steps\": %d}, \"ring_loads\": %lld, "
       "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
       "\"read_bytes_per_update\": "
       "%.0f, "
@@ -270,9 +280,11 @@ int main(int argc, char** argv) {
       secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
       double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
       sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
-      (long long)trainer.ring_loads(), FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
-      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
-      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
+      schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
+      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read,
+      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
