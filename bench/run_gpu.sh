@@ -21,6 +21,8 @@
 #   bench/run_gpu.sh weights CUDA engine tests, the CPU AdamW whole update against its weights-only pass, then the
 #                            weights-first schedule off and on at WEIGHTS_RUNS="shape:batch:checkpoints ..." (default
 #                            8B batch 32, then 3B batch 32, layer inputs on the device)
+#   bench/run_gpu.sh auto    CUDA engine tests, then the automatic weights-first choice at AUTO_RUNS="shape:batch ..."
+#                            (default 3B and 8B batch 32), 6 timed steps each with the last step's trace
 #   bench/run_gpu.sh wfpeers ours (weights first automatic) and DeepSpeed at 3B batch 32, ours at 8B batch 32, then
 #                            both shapes with weights first off and the weights-first CUDA tests: the short-session call
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
@@ -201,6 +203,16 @@ case "$phase" in
         SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=$ckpt traced "wf-$shape-$b-$wf" "$shape" "$b" 1024 6 2 cuda 1.0
         echo "ours $spec weights first $wf done after $((SECONDS - start)) s"
       done
+    done ;;
+  auto)
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests
+    echo "build ok after $((SECONDS - start)) s"
+    cuda_engine_tests 150
+    for spec in ${AUTO_RUNS:-llama-3b:32 llama-8b:32}; do
+      IFS=: read -r shape b <<< "$spec"
+      SLIDE_WEIGHTS_FIRST=auto traced "auto-$shape-$b" "$shape" "$b" 1024 6 2 cuda 1.0
+      echo "ours $spec auto done after $((SECONDS - start)) s"
     done ;;
   wfpeers)
     # One call for when device time is short, most wanted first: ours with weights first (automatic) at 3B batch 32
