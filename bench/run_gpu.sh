@@ -42,7 +42,9 @@ phase=${1:-build}
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 source .gpu-debs/gpu-env.sh .gpu-debs > "$OUT/env-$phase.log" 2>&1
-commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# COMMIT: the hash of the tree being run, given from the machine it was carried from (the GPU box's copy of .git
+# can be older than the tree it runs: a 62517c3 run once labelled itself with an earlier commit).
+commit=${COMMIT:?set COMMIT to the commit of the carried tree}
 run() { timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"${HW:-1x H200, 16 cores}\", /" >> "$OUT/bench.jsonl"; }
 # bench ARGS...: sliding_bench with the last step's trace summarised into bench.jsonl (TAG names the trace file).
 traced() {
