@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
       "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
       "%.3f, \"device_update\": %.3f, \"cpu_update_weights\": %.3f}, \"weights_first\": \"%s\", "
       "\"weights_first_steps\": %d, \"step_s_by_schedule\": {\"whole\": %.3f, \"whole_steps\": %d, "
-      "\"weights_first\": %.3f, \"weights_first_steps\": %d}, \"ring_loads\": %lld, "
+      "\"weights_first\": %.3f, \"weights_first_steps\": %d}, \"ring_loads\": %lld, \"edge_ring_chunks\": %lld, "
       "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
       "\"read_bytes_per_update\": "
       "%.0f, "
@@ -282,9 +282,9 @@ int main(int argc, char** argv) {
       sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
       schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
       schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
-      FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read,
-      nvme_written, nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      (long long)trainer.edge_ring_chunks(), FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
+      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
+      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

@@ -242,7 +242,10 @@ void SlidingTrainer::Init() {
   slot_version_.assign(opts_.window, -1);
   embed_dev_ = at::empty({layout_.embed().numel}, device_opts_);
   head_dev_ = at::empty({layout_.head().numel}, device_opts_);
-  worker_ = std::make_unique<UpdateWorker>(2 * n_units);  // each unit's whole update, then its weights-only pass
+  // Weights first sends the embedding and the head through the ring in chunks of a ring buffer (a layer's size).
+  edge_chunks_max_ = (std::max(layout_.embed().numel, layout_.head().numel) + slot_numel - 1) / slot_numel;
+  // Each unit's whole update, each unit's weights-only pass, each edge chunk's weights-only pass.
+  worker_ = std::make_unique<UpdateWorker>(2 * n_units + 2 * edge_chunks_max_);
   ring_ticket_.assign(layout_.num_layers(), -1);
   // The weights-first ring is page-locked here, where the plan counted it, rather than in the first step that goes
   // weights first (pinning ~1.3 GiB at 8B takes a good part of a second of that step).
@@ -331,9 +334,24 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   int64_t& version = head ? head_version_ : embed_version_;
   if (version == weights_version_) return;
   const size_t unit = head ? layout_.units.size() - 1 : 0;
-  WaitForUnit(unit, "load");
   const int slot = static_cast<int>(opts_.window) + (head ? 1 : 0);
-  queue_->LoadSlot(slot, head ? head_dev_ : embed_dev_, staging_[unit]);
+  at::Tensor& dst = head ? head_dev_ : embed_dev_;
+  int64_t& first_ticket = edge_ticket_[head ? 1 : 0];
+  if (first_ticket >= 0) {  // weights first: chunk by chunk from the ring, each copy issued as its pass ends
+    const int64_t n = layout_.units[unit].numel, chunk = weight_ring_->Buffer(0).numel();
+    for (int64_t k = 0; k * chunk < n; ++k) {
+      const int64_t begin = k * chunk, len = std::min(chunk, n - begin);
+      WaitForUnit(EdgeChunkUnit(head, k), "load");
+      weight_ring_->Consumed(
+          first_ticket + k,
+          queue_->LoadSlot(slot, dst.narrow(0, begin, len), weight_ring_->Buffer(first_ticket + k).narrow(0, 0, len)));
+      ++edge_ring_chunks_;
+    }
+    first_ticket = -1;
+  } else {
+    WaitForUnit(unit, "load");
+    queue_->LoadSlot(slot, dst, staging_[unit]);
+  }
   version = weights_version_;
   ++slot_loads_;
 }
@@ -468,7 +486,7 @@ void SlidingTrainer::UpdateRange(size_t unit, int64_t begin, int64_t n, float* m
     }
     if (write_bf16) span.out_bf16 = reinterpret_cast<c10::BFloat16*>(staging_[unit].data_ptr()) + lo;
     if (weights_only_out != nullptr) {
-      span.out_bf16 = weights_only_out + lo;
+      span.out_bf16 = weights_only_out + (lo - begin);
       span.weights_only = true;
     }
     span.n = hi - lo;
@@ -561,6 +579,17 @@ bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
   return layer && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
 }
 
+// The embedding and the head join a weights-first round when the NVMe tier does not hold them.
+bool SlidingTrainer::EdgeWeightsFirstEligible(size_t unit) const {
+  const bool edge = unit == 0 || unit + 1 == layout_.units.size();
+  return edge && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
+}
+
+int64_t SlidingTrainer::EdgeChunks(size_t unit) const {
+  const int64_t chunk = weight_ring_->Buffer(0).numel();
+  return (layout_.units[unit].numel + chunk - 1) / chunk;
+}
+
 // Off where the weights cannot go first (fp32 compute) and, automatically, on the CPU device (the passes would take
 // the cores the compute runs on); otherwise the policy's choice, made by the steps' measured times.
 bool SlidingTrainer::ChooseWeightsFirst() {
@@ -571,49 +600,77 @@ bool SlidingTrainer::ChooseWeightsFirst() {
 
 // Forward order: the embedding's whole update, each layer's weights-only pass (or whole update when it cannot go
 // weights first), the head's whole update; then the layers' whole updates in reverse, the order in which the
-// next backward reloads them and lands their gradients.
+// next backward reloads them and lands their gradients. Going weights first, the embedding and the head take the
+// weights-only pass too, in chunks of a ring buffer; the head's whole update then comes first of the whole updates
+// (its gradient lands first in the next backward) and the embedding's last (its gradient lands last).
 void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   const bool weights_first = ChooseWeightsFirst();
-  const size_t n_units = layout_.units.size();
+  const size_t n_units = layout_.units.size(), head = n_units - 1;
   std::vector<size_t> early;
   if (weights_first) {
     for (size_t u = 0; u < n_units; ++u)
       if (WeightsFirstEligible(u)) early.push_back(u);
   }
+  const bool edges_first = !early.empty();
   if (!early.empty()) {
     TORCH_CHECK(weight_ring_, "weights first without its ring (Init makes it wherever a step may go weights first)");
     // The last round ends here: its copies have read their buffers (Cancel waits for them; the new round's fills
     // reuse the buffers from ticket 0) and its passes are done (a forward waited for each, or they go on now).
     CancelWeightRing();
     for (size_t u : early) worker_->Wait(EarlyUnit(u));
-    weight_ring_->Begin(static_cast<int64_t>(early.size()));
+    for (size_t c = 0; c < 2 * static_cast<size_t>(edge_chunks_max_); ++c) worker_->Wait(2 * n_units + c);
+    int64_t tickets = static_cast<int64_t>(early.size());
+    for (size_t u : {size_t{0}, head})
+      if (EdgeWeightsFirstEligible(u)) tickets += EdgeChunks(u);
+    weight_ring_->Begin(tickets);
   }
   int64_t ticket = 0;
+  std::vector<size_t> edges_late;  // edge units whose whole update follows the round
   for (size_t u = 0; u < n_units; ++u) {
-    if (!early.empty() && WeightsFirstEligible(u)) {
+    if (edges_first && EdgeWeightsFirstEligible(u)) {
+      edge_ticket_[u == 0 ? 0 : 1] = ticket;
+      for (int64_t k = 0; k < EdgeChunks(u); ++k) PostEdgeChunkWeightsOnly(u, k, lr, grad_scale, ticket++);
+      edges_late.push_back(u);
+    } else if (edges_first && WeightsFirstEligible(u)) {
       ring_ticket_[u - 1] = ticket;
       PostWeightsOnly(u, lr, grad_scale, step_ + 1, ticket++);
     } else {
       PostUpdate(u, lr, grad_scale, step_ + 1);
     }
   }
+  auto late = [&](size_t u) { return std::find(edges_late.begin(), edges_late.end(), u) != edges_late.end(); };
+  if (late(head)) PostUpdate(head, lr, grad_scale, step_ + 1);
   for (auto u = early.rbegin(); u != early.rend(); ++u) PostUpdate(*u, lr, grad_scale, step_ + 1);
+  if (late(0)) PostUpdate(0, lr, grad_scale, step_ + 1);
   busy_.weights_first = !early.empty();
   updates_posted_ = true;
 }
 
 void SlidingTrainer::PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket) {
+  PostWeightsOnlyRange(unit, EarlyUnit(unit), 0, layout_.units[unit].numel, UnitArgs(lr, grad_scale, step), ticket,
+                       "adamw-weights " + std::to_string(unit));
+}
+
+void SlidingTrainer::PostEdgeChunkWeightsOnly(size_t unit, int64_t chunk, double lr, float grad_scale, int64_t ticket) {
+  const int64_t size = weight_ring_->Buffer(0).numel(), begin = chunk * size;
+  PostWeightsOnlyRange(unit, EdgeChunkUnit(unit != 0, chunk), begin, std::min(size, layout_.units[unit].numel - begin),
+                       UnitArgs(lr, grad_scale, step_ + 1), ticket,
+                       "adamw-weights " + std::to_string(unit) + "." + std::to_string(chunk));
+}
+
+void SlidingTrainer::PostWeightsOnlyRange(size_t unit, size_t worker_unit, int64_t begin, int64_t n,
+                                          const AdamWStepArgs& args, int64_t ticket, std::string name) {
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
-  worker_->Post(EarlyUnit(unit), [this, unit, args = UnitArgs(lr, grad_scale, step), grad, ticket] {
+  worker_->Post(worker_unit, [this, unit, begin, n, args, grad, ticket, name = std::move(name)] {
     at::Tensor out = weight_ring_->Acquire(ticket);  // may wait for the device copy of ticket - ring size
     const int64_t t0 = NowNs();
-    UpdateRange(unit, 0, layout_.units[unit].numel, master_.units[unit].data_ptr<float>(),
-                exp_avg_.units[unit].data_ptr<float>(), exp_avg_sq_.units[unit].data_ptr<float>(), grad, args,
-                reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
+    UpdateRange(unit, begin, n, master_.units[unit].data_ptr<float>() + begin,
+                exp_avg_.units[unit].data_ptr<float>() + begin, exp_avg_sq_.units[unit].data_ptr<float>() + begin, grad,
+                args, reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
     const int64_t took_ns = NowNs() - t0;
     update_ns_ += took_ns;
     weights_only_ns_ += took_ns;
-    TraceUpdate("adamw-weights " + std::to_string(unit), took_ns);
+    TraceUpdate(name, took_ns);
   });
 }
 
@@ -621,6 +678,7 @@ void SlidingTrainer::CancelWeightRing() {
   if (!weight_ring_) return;
   weight_ring_->Cancel();
   std::fill(ring_ticket_.begin(), ring_ticket_.end(), -1);
+  edge_ticket_[0] = edge_ticket_[1] = -1;
 }
 
 void SlidingTrainer::TakeWorkerErrors() {

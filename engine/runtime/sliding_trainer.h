@@ -147,8 +147,9 @@ class SlidingTrainer {
   // posted that ran on into the next step are in the next step's trace).
   const std::vector<TraceSpan>& last_trace() const { return trace_; }
   int64_t steps_taken() const { return step_; }
-  int64_t slot_loads() const { return slot_loads_; }  // host->device unit copies so far
-  int64_t ring_loads() const { return ring_loads_; }  // of those, layers loaded from the weights-first ring
+  int64_t slot_loads() const { return slot_loads_; }              // host->device unit copies so far
+  int64_t ring_loads() const { return ring_loads_; }              // of those, layers loaded from the weights-first ring
+  int64_t edge_ring_chunks() const { return edge_ring_chunks_; }  // embedding and head chunks loaded from it
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 
@@ -166,7 +167,7 @@ class SlidingTrainer {
   void LandGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void PostUpdate(size_t unit, double lr, float grad_scale, int64_t step);
   // AdamW over elements [begin, begin + n) of `unit`; master, exp_avg and exp_avg_sq point at element `begin`.
-  // With `weights_only_out` (the unit's element 0): the weights-only pass, writing only the bf16 weights there.
+  // With `weights_only_out` (element `begin`): the weights-only pass, writing only the bf16 weights there.
   void UpdateRange(size_t unit, int64_t begin, int64_t n, float* master, float* exp_avg, float* exp_avg_sq,
                    const at::Tensor& grad, const AdamWStepArgs& args, c10::BFloat16* weights_only_out = nullptr);
   AdamWStepArgs UnitArgs(double lr, float grad_scale, int64_t step) const;
@@ -174,11 +175,21 @@ class SlidingTrainer {
   // Weights first (see WeightsFirst): which units may, whether this step's updates do, and the weights-only pass
   // of `unit` into ring ticket `ticket`, tracked by the worker as unit EarlyUnit(unit).
   bool WeightsFirstEligible(size_t unit) const;
+  bool EdgeWeightsFirstEligible(size_t unit) const;  // the embedding or the head, host-held
+  int64_t EdgeChunks(size_t unit) const;             // ring buffers an edge unit's weights take
   bool ChooseWeightsFirst();
   void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
   void PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket);
+  void PostEdgeChunkWeightsOnly(size_t unit, int64_t chunk, double lr, float grad_scale, int64_t ticket);
+  // The weights-only pass over elements [begin, begin + n) of `unit` into ring ticket `ticket`, tracked by the
+  // worker as `worker_unit`.
+  void PostWeightsOnlyRange(size_t unit, size_t worker_unit, int64_t begin, int64_t n, const AdamWStepArgs& args,
+                            int64_t ticket, std::string name);
   size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
+  size_t EdgeChunkUnit(bool head, int64_t chunk) const {
+    return 2 * layout_.units.size() + static_cast<size_t>((head ? edge_chunks_max_ : 0) + chunk);
+  }
   bool LoadReady(int64_t layer);  // the update the layer's next load waits for has finished
   void CancelWeightRing();        // no forward will read what waits in the ring: fills go on, loads use staging
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
@@ -234,7 +245,10 @@ class SlidingTrainer {
   // load from staging).
   std::unique_ptr<WeightRing> weight_ring_;
   std::vector<int64_t> ring_ticket_;
+  int64_t edge_ticket_[2] = {-1, -1};  // the embedding's and the head's first chunk's ticket (-1: from staging)
+  int64_t edge_chunks_max_ = 0;        // chunks of the larger edge unit (worker ids reserved for each edge)
   int64_t ring_loads_ = 0;
+  int64_t edge_ring_chunks_ = 0;
   WeightsFirstPolicy weights_first_policy_;  // the automatic choice, by the steps' measured times
   bool updates_posted_ = false;              // the last step posted updates after its norm (the next step runs them)
 

@@ -447,6 +447,44 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   }
 }
 
+// With weights first the embedding and the head take the weights-only pass too, in chunks of a ring buffer (a
+// layer's size): a 1000-token vocabulary makes each 3 chunks, more than the ring of 2 (one slot) holds, so a chunk's
+// pass waits for the copy of the chunk two before it. Bit-identical to the whole update through an evaluation,
+// accumulation and a restore; every forward that reads the ring loads both edge units from it.
+TEST(SlidingTrainer, WeightsFirstSendsTheEmbeddingAndTheHeadInChunks) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  cfg.num_layers = 3;
+  cfg.vocab_size = 1000;
+  const ModelLayout layout = BuildModelLayout(cfg);
+  ASSERT_GT(layout.embed().numel, 2 * layout.layer(0).numel);  // 3 chunks each
+  ASSERT_GT(layout.head().numel, 2 * layout.layer(0).numel);
+  at::manual_seed(7);
+  ModelParams params = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
+  for (auto& unit : params.units) unit.normal_(0.0, 0.05);
+  const c10::Device cpu(c10::kCPU);
+  for (int64_t accum : {1, 2}) {
+    SCOPED_TRACE("accum " + std::to_string(accum));
+    SlidingOptions whole{.train = Options(c10::kBFloat16, 1.0, cpu), .window = 1};
+    SlidingOptions first = whole;
+    whole.weights_first = WeightsFirst::kOff;
+    first.weights_first = WeightsFirst::kOn;
+    SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
+    for (int64_t s = 0; s < 4; ++s) {
+      StepAlike(a, b, s, accum, cfg.vocab_size);
+      if (s == 1) {  // the evaluation's forward reads the ring; step 2's loads come from staging
+        const auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
+        EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));
+      }
+    }
+    // Forwards on the ring: steps 1 and 3 and the evaluation, 3 chunks of each edge unit in each.
+    EXPECT_EQ(a.edge_ring_chunks(), 0);
+    EXPECT_EQ(b.edge_ring_chunks(), 3 * 2 * 3);
+    EXPECT_EQ(b.ring_loads(), 3 * 3);
+    ExpectSameStateAndRestore(a, b, cfg, params, first, accum);
+  }
+}
+
 // Weights first only where it can run: fp32 compute has no bf16 weights to compute first, no clipping updates
 // each unit as its gradient lands, and the automatic choice stays off when the device is the CPU (the passes would
 // take the cores the compute runs on). A trainer torn down while weights-only passes wait for a forward that will
