@@ -738,6 +738,9 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
 double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
+  // The next step's time is not its schedule's: this forward takes the ring, so that step loads from staging after
+  // the whole updates, and the automatic choice must not count it.
+  updates_posted_ = false;
   int64_t valid = 0;
   for (const auto& mb : micro_batches) valid += CheckedTargetCount(mb.targets, cfg_.vocab_size);
   const double normalizer = std::max<int64_t>(1, valid);

@@ -250,7 +250,9 @@ class SlidingTrainer {
   int64_t ring_loads_ = 0;
   int64_t edge_ring_chunks_ = 0;
   WeightsFirstPolicy weights_first_policy_;  // the automatic choice, by the steps' measured times
-  bool updates_posted_ = false;              // the last step posted updates after its norm (the next step runs them)
+  // The last step posted updates after its norm and the next step runs them as posted (no evaluation or wait
+  // between): the policy counts only such steps.
+  bool updates_posted_ = false;
 
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UpdateWorker> worker_;
