@@ -152,10 +152,10 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
       const double eta = m.step() > 0 ? elapsed / m.step() * (m.total_steps() - m.step()) : 0;
       std::printf(
           "%sstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.1f TFLOPS  ETA %ds  GPU %.1f GiB  host %.1f GiB  "
-          "bound: %s%s%s",
+          "bound: %s%s%s%s",
           tty ? "\r\033[K" : "", static_cast<long long>(m.step()), static_cast<long long>(m.total_steps()), m.loss(),
           m.lr(), m.tokens_per_second(), m.model_tflops(), static_cast<int>(eta), m.device_bytes() / double(1ll << 30),
-          m.host_bytes() / double(1ll << 30), m.bounded_by().c_str(),
+          m.host_bytes() / double(1ll << 30), m.bounded_by().c_str(), m.weights_first() ? "  weights first" : "",
           m.replayed() ? "  (replayed after a restart)" : "", tty ? "" : "\n");
       std::fflush(stdout);
     } else if (!o.json && e.kind_case() == v1::JobEvent::kState && !tty) {

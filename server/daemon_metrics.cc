@@ -38,6 +38,8 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
   busy_update_ = &busy.Add({{"resource", "cpu_update"}});
   update_wait_ = Counter(r, "slide_update_wait_seconds_total",
                          "Time the engine waited on optimizer updates: the update time the overlap did not hide");
+  weights_first_steps_ = Counter(r, "slide_weights_first_steps_total",
+                                 "Steps whose optimizer updates went weights first (the engine's measured choice)");
   overlap_ratio_ =
       Gauge(r, "slide_overlap_ratio", "Step time / busiest resource of the last step (1 = all else hidden)");
   nvme_wait_ = Counter(r, "slide_nvme_wait_seconds_total",
@@ -90,6 +92,7 @@ void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_
   busy_d2h_->Increment(e.d2h_seconds);
   busy_update_->Increment(e.cpu_update_seconds);
   update_wait_->Increment(e.update_wait_seconds);
+  if (e.weights_first) weights_first_steps_->Increment();
   overlap_ratio_->Set(e.overlap_ratio);
   gpu_used_->Set(static_cast<double>(e.device_bytes));
   host_resident_->Set(static_cast<double>(e.host_bytes));

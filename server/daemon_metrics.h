@@ -34,6 +34,7 @@ class DaemonMetrics final : public JobObserver {
   prometheus::Gauge *job_step_, *job_total_steps_, *step_seconds_, *tokens_per_second_, *tflops_, *loss_, *lr_,
       *grad_norm_;
   prometheus::Counter *busy_compute_, *busy_h2d_, *busy_d2h_, *busy_update_, *update_wait_;
+  prometheus::Counter* weights_first_steps_;
   prometheus::Gauge* overlap_ratio_;
   prometheus::Counter *nvme_wait_, *nvme_read_, *nvme_written_;
   prometheus::Family<prometheus::Gauge>* nvme_backend_;  // 1 for the backend of the last step's tier, 0 for others

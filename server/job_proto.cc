@@ -218,6 +218,7 @@ void MetricsToProto(const TrainingStepEvent& s, bool replayed, v1::StepMetrics* 
   m->set_d2h_seconds(s.d2h_seconds);
   m->set_cpu_update_seconds(s.cpu_update_seconds);
   m->set_update_wait_seconds(s.update_wait_seconds);
+  m->set_weights_first(s.weights_first);
   m->set_overlap_ratio(s.overlap_ratio);
   m->set_bounded_by(s.bounded_by);
   m->set_device_bytes(s.device_bytes);
@@ -245,6 +246,7 @@ TrainingStepEvent MetricsFromProto(const v1::StepMetrics& m) {
   s.d2h_seconds = m.d2h_seconds();
   s.cpu_update_seconds = m.cpu_update_seconds();
   s.update_wait_seconds = m.update_wait_seconds();
+  s.weights_first = m.weights_first();
   s.overlap_ratio = m.overlap_ratio();
   s.bounded_by = m.bounded_by();
   s.device_bytes = m.device_bytes();

@@ -426,6 +426,7 @@ void TrainingRun::ReportStep(const StepStats& st) {
   e.d2h_seconds = b.d2h;
   e.cpu_update_seconds = b.cpu_update;
   e.update_wait_seconds = b.wait_update;
+  e.weights_first = b.weights_first;
   e.overlap_ratio = b.OverlapRatio();
   e.device_bytes = DeviceReservedBytes(cuda_);
   e.host_bytes = ResidentHostBytes();

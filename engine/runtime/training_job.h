@@ -82,6 +82,7 @@ struct TrainingStepEvent {
   double tokens_per_second = 0, model_tflops = 0, step_seconds = 0;
   double compute_seconds = 0, h2d_seconds = 0, d2h_seconds = 0, cpu_update_seconds = 0;
   double update_wait_seconds = 0;  // the engine blocked on optimizer updates (exposed update time)
+  bool weights_first = false;      // this step's updates went weights first (SlidingOptions::weights_first)
   double overlap_ratio = 0;        // step / busiest resource: 1 = everything else hidden behind it
   std::string bounded_by;
   int64_t device_bytes = 0;  // device memory reserved by the allocator (CUDA; 0 on the CPU)

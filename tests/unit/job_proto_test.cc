@@ -83,3 +83,24 @@ TEST(JobProto, AnUnknownNumberNamesTheField) {
 }
 
 }  // namespace
+
+// Every StepMetrics field is carried: an event with each field set comes back equal, and its message has every
+// field set (a field added to the schema but not to the mapping fails here).
+TEST(JobProto, StepMetricsCarryEveryField) {
+  slide::TrainingStepEvent e;
+  e.step = 7, e.total_steps = 9, e.loss = 1.5, e.lr = 2e-5, e.grad_norm = 0.7, e.tokens_per_second = 8000;
+  e.model_tflops = 400, e.step_seconds = 4.0, e.compute_seconds = 3.2, e.h2d_seconds = 0.6, e.d2h_seconds = 0.3;
+  e.cpu_update_seconds = 2.0, e.update_wait_seconds = 1.6, e.weights_first = true, e.overlap_ratio = 1.25;
+  e.bounded_by = "update_dependency", e.device_bytes = 1 << 30, e.host_bytes = 2ll << 30, e.pinned_bytes = 3;
+  e.nvme_wait_seconds = 0.1, e.nvme_read_bytes = 4, e.nvme_written_bytes = 5, e.nvme_backend = "io_uring";
+  slide::v1::StepMetrics m;
+  slide::MetricsToProto(e, /*replayed=*/true, &m);
+  const auto* d = slide::v1::StepMetrics::descriptor();
+  for (int i = 0; i < d->field_count(); ++i)
+    EXPECT_TRUE(slide::v1::StepMetrics::GetReflection()->HasField(m, d->field(i))) << d->field(i)->name();
+  const slide::TrainingStepEvent back = slide::MetricsFromProto(m);
+  EXPECT_EQ(back.weights_first, true);
+  EXPECT_EQ(back.update_wait_seconds, 1.6);
+  EXPECT_EQ(back.nvme_backend, "io_uring");
+  EXPECT_EQ(back.step, 7);
+}
