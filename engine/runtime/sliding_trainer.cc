@@ -338,13 +338,12 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   at::Tensor& dst = head ? head_dev_ : embed_dev_;
   int64_t& first_ticket = edge_ticket_[head ? 1 : 0];
   if (first_ticket >= 0) {  // weights first: chunk by chunk from the ring, each copy issued as its pass ends
-    const int64_t n = layout_.units[unit].numel, chunk = weight_ring_->Buffer(0).numel();
-    for (int64_t k = 0; k * chunk < n; ++k) {
-      const int64_t begin = k * chunk, len = std::min(chunk, n - begin);
+    for (int64_t k = 0; k < EdgeChunks(unit); ++k) {
+      const Range c = EdgeChunk(unit, k);
       WaitForUnit(EdgeChunkUnit(head, k), "load");
-      weight_ring_->Consumed(
-          first_ticket + k,
-          queue_->LoadSlot(slot, dst.narrow(0, begin, len), weight_ring_->Buffer(first_ticket + k).narrow(0, 0, len)));
+      weight_ring_->Consumed(first_ticket + k,
+                             queue_->LoadSlot(slot, dst.narrow(0, c.begin, c.n),
+                                              weight_ring_->Buffer(first_ticket + k).narrow(0, 0, c.n)));
       ++edge_ring_chunks_;
     }
     first_ticket = -1;
@@ -574,20 +573,25 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
   });
 }
 
+// Held in host memory (not resident, streamed or on the NVMe tier): where the weights-only pass can run.
+bool SlidingTrainer::HostHeld(size_t unit) const { return !Resident(unit) && !Streamed(unit) && !OnTier(unit); }
+
 bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
-  const bool layer = unit >= 1 && unit <= static_cast<size_t>(layout_.num_layers());
-  return layer && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
+  return unit >= 1 && unit <= static_cast<size_t>(layout_.num_layers()) && HostHeld(unit);
 }
 
-// The embedding and the head join a weights-first round when the NVMe tier does not hold them.
 bool SlidingTrainer::EdgeWeightsFirstEligible(size_t unit) const {
-  const bool edge = unit == 0 || unit + 1 == layout_.units.size();
-  return edge && !Resident(unit) && !Streamed(unit) && !OnTier(unit);
+  return (unit == 0 || unit + 1 == layout_.units.size()) && HostHeld(unit);
 }
 
 int64_t SlidingTrainer::EdgeChunks(size_t unit) const {
-  const int64_t chunk = weight_ring_->Buffer(0).numel();
-  return (layout_.units[unit].numel + chunk - 1) / chunk;
+  const int64_t size = weight_ring_->Buffer(0).numel();
+  return (layout_.units[unit].numel + size - 1) / size;
+}
+
+SlidingTrainer::Range SlidingTrainer::EdgeChunk(size_t unit, int64_t chunk) const {
+  const int64_t size = weight_ring_->Buffer(0).numel(), begin = chunk * size;
+  return {begin, std::min(size, layout_.units[unit].numel - begin)};
 }
 
 // Off where the weights cannot go first (fp32 compute) and, automatically, on the CPU device (the passes would take
@@ -604,73 +608,64 @@ bool SlidingTrainer::ChooseWeightsFirst() {
 // weights-only pass too, in chunks of a ring buffer; the head's whole update then comes first of the whole updates
 // (its gradient lands first in the next backward) and the embedding's last (its gradient lands last).
 void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
-  const bool weights_first = ChooseWeightsFirst();
   const size_t n_units = layout_.units.size(), head = n_units - 1;
-  std::vector<size_t> early;
-  if (weights_first) {
+  std::vector<size_t> early;  // the layers of a weights-first round
+  if (ChooseWeightsFirst()) {
     for (size_t u = 0; u < n_units; ++u)
       if (WeightsFirstEligible(u)) early.push_back(u);
   }
-  const bool edges_first = !early.empty();
-  if (!early.empty()) {
+  const bool round = !early.empty();
+  const bool embed_first = round && EdgeWeightsFirstEligible(0), head_first = round && EdgeWeightsFirstEligible(head);
+  if (round) {
     TORCH_CHECK(weight_ring_, "weights first without its ring (Init makes it wherever a step may go weights first)");
     // The last round ends here: its copies have read their buffers (Cancel waits for them; the new round's fills
     // reuse the buffers from ticket 0) and its passes are done (a forward waited for each, or they go on now).
     CancelWeightRing();
     for (size_t u : early) worker_->Wait(EarlyUnit(u));
-    for (size_t c = 0; c < 2 * static_cast<size_t>(edge_chunks_max_); ++c) worker_->Wait(2 * n_units + c);
-    int64_t tickets = static_cast<int64_t>(early.size());
-    for (size_t u : {size_t{0}, head})
-      if (EdgeWeightsFirstEligible(u)) tickets += EdgeChunks(u);
-    weight_ring_->Begin(tickets);
+    for (int64_t k = 0; k < edge_chunks_max_; ++k) {
+      worker_->Wait(EdgeChunkUnit(false, k));
+      worker_->Wait(EdgeChunkUnit(true, k));
+    }
+    weight_ring_->Begin(static_cast<int64_t>(early.size()) + (embed_first ? EdgeChunks(0) : 0) +
+                        (head_first ? EdgeChunks(head) : 0));
   }
+  const AdamWStepArgs args = UnitArgs(lr, grad_scale, step_ + 1);
   int64_t ticket = 0;
-  std::vector<size_t> edges_late;  // edge units whose whole update follows the round
   for (size_t u = 0; u < n_units; ++u) {
-    if (edges_first && EdgeWeightsFirstEligible(u)) {
-      edge_ticket_[u == 0 ? 0 : 1] = ticket;
-      for (int64_t k = 0; k < EdgeChunks(u); ++k) PostEdgeChunkWeightsOnly(u, k, lr, grad_scale, ticket++);
-      edges_late.push_back(u);
-    } else if (edges_first && WeightsFirstEligible(u)) {
+    if ((u == 0 && embed_first) || (u == head && head_first)) {
+      edge_ticket_[u == head ? 1 : 0] = ticket;
+      for (int64_t k = 0; k < EdgeChunks(u); ++k)
+        PostWeightsOnly(u, EdgeChunkUnit(u == head, k), EdgeChunk(u, k), args, ticket++);
+    } else if (round && WeightsFirstEligible(u)) {
       ring_ticket_[u - 1] = ticket;
-      PostWeightsOnly(u, lr, grad_scale, step_ + 1, ticket++);
+      PostWeightsOnly(u, EarlyUnit(u), {0, layout_.units[u].numel}, args, ticket++);
     } else {
       PostUpdate(u, lr, grad_scale, step_ + 1);
     }
   }
-  auto late = [&](size_t u) { return std::find(edges_late.begin(), edges_late.end(), u) != edges_late.end(); };
-  if (late(head)) PostUpdate(head, lr, grad_scale, step_ + 1);
+  if (head_first) PostUpdate(head, lr, grad_scale, step_ + 1);
   for (auto u = early.rbegin(); u != early.rend(); ++u) PostUpdate(*u, lr, grad_scale, step_ + 1);
-  if (late(0)) PostUpdate(0, lr, grad_scale, step_ + 1);
-  busy_.weights_first = !early.empty();
+  if (embed_first) PostUpdate(0, lr, grad_scale, step_ + 1);
+  busy_.weights_first = round;
   updates_posted_ = true;
 }
 
-void SlidingTrainer::PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket) {
-  PostWeightsOnlyRange(unit, EarlyUnit(unit), 0, layout_.units[unit].numel, UnitArgs(lr, grad_scale, step), ticket,
-                       "adamw-weights " + std::to_string(unit));
-}
-
-void SlidingTrainer::PostEdgeChunkWeightsOnly(size_t unit, int64_t chunk, double lr, float grad_scale, int64_t ticket) {
-  const int64_t size = weight_ring_->Buffer(0).numel(), begin = chunk * size;
-  PostWeightsOnlyRange(unit, EdgeChunkUnit(unit != 0, chunk), begin, std::min(size, layout_.units[unit].numel - begin),
-                       UnitArgs(lr, grad_scale, step_ + 1), ticket,
-                       "adamw-weights " + std::to_string(unit) + "." + std::to_string(chunk));
-}
-
-void SlidingTrainer::PostWeightsOnlyRange(size_t unit, size_t worker_unit, int64_t begin, int64_t n,
-                                          const AdamWStepArgs& args, int64_t ticket, std::string name) {
+void SlidingTrainer::PostWeightsOnly(size_t unit, size_t worker_unit, Range range, const AdamWStepArgs& args,
+                                     int64_t ticket) {
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
-  worker_->Post(worker_unit, [this, unit, begin, n, args, grad, ticket, name = std::move(name)] {
+  worker_->Post(worker_unit, [this, unit, worker_unit, range, args, grad, ticket] {
     at::Tensor out = weight_ring_->Acquire(ticket);  // may wait for the device copy of ticket - ring size
-    const int64_t t0 = NowNs();
-    UpdateRange(unit, begin, n, master_.units[unit].data_ptr<float>() + begin,
-                exp_avg_.units[unit].data_ptr<float>() + begin, exp_avg_sq_.units[unit].data_ptr<float>() + begin, grad,
-                args, reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
+    const int64_t t0 = NowNs(), b = range.begin;
+    UpdateRange(unit, b, range.n, master_.units[unit].data_ptr<float>() + b, exp_avg_.units[unit].data_ptr<float>() + b,
+                exp_avg_sq_.units[unit].data_ptr<float>() + b, grad, args,
+                reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
     const int64_t took_ns = NowNs() - t0;
     update_ns_ += took_ns;
     weights_only_ns_ += took_ns;
-    TraceUpdate(name, took_ns);
+    const bool chunk = worker_unit >= 2 * layout_.units.size();  // of an edge unit: named by its chunk
+    TraceUpdate("adamw-weights " + std::to_string(unit) +
+                    (chunk ? "." + std::to_string(b / weight_ring_->Buffer(0).numel()) : ""),
+                took_ns);
   });
 }
 

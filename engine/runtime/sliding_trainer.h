@@ -172,20 +172,21 @@ class SlidingTrainer {
                    const at::Tensor& grad, const AdamWStepArgs& args, c10::BFloat16* weights_only_out = nullptr);
   AdamWStepArgs UnitArgs(double lr, float grad_scale, int64_t step) const;
   void TraceUpdate(const std::string& name, int64_t took_ns);  // an update task's span (options.trace)
-  // Weights first (see WeightsFirst): which units may, whether this step's updates do, and the weights-only pass
-  // of `unit` into ring ticket `ticket`, tracked by the worker as unit EarlyUnit(unit).
-  bool WeightsFirstEligible(size_t unit) const;
+  // Weights first (see WeightsFirst): which units may, whether this step's updates do, and the weights-only passes.
+  struct Range {
+    int64_t begin, n;  // elements [begin, begin + n) of a unit
+  };
+  bool HostHeld(size_t unit) const;
+  bool WeightsFirstEligible(size_t unit) const;      // a host-held layer
   bool EdgeWeightsFirstEligible(size_t unit) const;  // the embedding or the head, host-held
   int64_t EdgeChunks(size_t unit) const;             // ring buffers an edge unit's weights take
+  Range EdgeChunk(size_t unit, int64_t chunk) const;
   bool ChooseWeightsFirst();
   void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
-  void PostWeightsOnly(size_t unit, double lr, float grad_scale, int64_t step, int64_t ticket);
-  void PostEdgeChunkWeightsOnly(size_t unit, int64_t chunk, double lr, float grad_scale, int64_t ticket);
-  // The weights-only pass over elements [begin, begin + n) of `unit` into ring ticket `ticket`, tracked by the
-  // worker as `worker_unit`.
-  void PostWeightsOnlyRange(size_t unit, size_t worker_unit, int64_t begin, int64_t n, const AdamWStepArgs& args,
-                            int64_t ticket, std::string name);
+  // The weights-only pass over `range` of `unit` into ring ticket `ticket`, tracked by the worker as `worker_unit`
+  // (EarlyUnit for a layer, EdgeChunkUnit for a chunk of the embedding or the head).
+  void PostWeightsOnly(size_t unit, size_t worker_unit, Range range, const AdamWStepArgs& args, int64_t ticket);
   size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
   size_t EdgeChunkUnit(bool head, int64_t chunk) const {
     return 2 * layout_.units.size() + static_cast<size_t>((head ? edge_chunks_max_ : 0) + chunk);
