@@ -25,6 +25,7 @@
 #                            (default 3B and 8B batch 32), 6 timed steps each with the last step's trace
 #   bench/run_gpu.sh wfpeers ours (weights first automatic) and DeepSpeed at 3B batch 32, ours at 8B batch 32, then
 #                            both shapes with weights first off and the weights-first CUDA tests: the short-session call
+#   bench/run_gpu.sh ours    ours alone, traced, at OURS_RUNS="shape:batch:weights-first:steps ..." (default 8B b32)
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
 #                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
 #   bench/run_gpu.sh kernels the fused kernels' GPU tests, kernel_bench, and the engine with/without them (E2E=;
@@ -45,7 +46,29 @@ source .gpu-debs/gpu-env.sh .gpu-debs > "$OUT/env-$phase.log" 2>&1
 # COMMIT: the hash of the tree being run, given from the machine it was carried from (the GPU box's copy of .git
 # can be older than the tree it runs: a 62517c3 run once labelled itself with an earlier commit).
 commit=${COMMIT:?set COMMIT to the commit of the carried tree}
-run() { timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"${HW:-1x H200, 16 cores}\", /" >> "$OUT/bench.jsonl"; }
+# run SECONDS COMMAND...: its JSON lines into bench.jsonl, labelled; whatever else it prints (a peer's warnings go to
+# stdout) into bench.err.
+run() {
+  timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | awk -v err="$OUT/bench.err" '/^\{/ {print; fflush(); next} {print >> err}' |
+    sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"${HW:-1x H200, 16 cores}\", /" >> "$OUT/bench.jsonl"
+}
+# watch_threads &: every 20 s, the host's available memory and each benchmark process's threads counted by name,
+# state and kernel wait channel (with their CPU seconds) into threads.log, so a run that stalls shows which thread
+# waits where and whether it still burns CPU (the engine names its threads slide-update, slide-cpu, slide-nvme-io).
+watch_threads() {
+  while sleep 20; do
+    {
+      echo "== $(date -u +%T) $(grep MemAvailable /proc/meminfo)"
+      for pid in $(pgrep -f 'sliding_bench|peer_train'); do
+        echo "pid $pid $(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null | cut -c1-80)"
+        for t in /proc/$pid/task/*; do
+          echo "$(cat $t/comm 2>/dev/null) $(awk '{print $3}' $t/stat 2>/dev/null) $(cat $t/wchan 2>/dev/null)"
+        done | sort | uniq -c | sort -rn | head -12
+        awk '{printf "cpu seconds %.1f\n", ($14 + $15) / 100}' /proc/$pid/stat 2>/dev/null
+      done
+    } >> "$OUT/threads.log"
+  done
+}
 # bench ARGS...: sliding_bench with the last step's trace summarised into bench.jsonl (TAG names the trace file).
 traced() {
   local tag=$1; shift
@@ -73,7 +96,23 @@ install_deepspeed() {
   export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
   python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
 }
+watch_threads &
+watcher=$!
+trap 'kill $watcher 2>/dev/null' EXIT
 case "$phase" in
+  ours)
+    # Ours alone, traced, at OURS_RUNS="shape:batch:weights-first:steps ..." (default 8B batch 32 on, then auto; 4
+    # timed steps), stopping at OURS_BUDGET_S (default 480).
+    start=$SECONDS
+    build_gpu sliding_bench
+    echo "build ok after $((SECONDS - start)) s"
+    for spec in ${OURS_RUNS:-llama-8b:32:on:4 llama-8b:32:auto:6}; do
+      IFS=: read -r shape b wf n <<< "$spec"
+      [ $((SECONDS - start)) -lt ${OURS_BUDGET_S:-480} ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_WEIGHTS_FIRST=$wf traced "ours-$shape-$b-$wf" "$shape" "$b" 1024 "$n" 2 cuda 1.0
+      echo "ours $spec done after $((SECONDS - start)) s"
+      grep 'sliding_bench: \(warm\|step\)' "$OUT/bench.err" | tail -2
+    done ;;
   kernels)
     # The fused kernels: their GPU tests, kernel_bench (each kernel against the unfused ops, bandwidth, the head's
     # peak memory), then the engine with and without the kernels (E2E: "shape batch" pairs, default 3B b8 and

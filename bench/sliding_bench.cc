@@ -191,7 +191,12 @@ int main(int argc, char** argv) {
     at::Tensor ids = at::randint(0, cfg.vocab_size, {batch, seq}, at::kLong);
     return std::vector<MicroBatch>{{ids, ShiftLabels(ids)}};
   };
+  const auto bench_start = std::chrono::steady_clock::now();
+  auto since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+  };
   trainer.Step(batch_for(0));  // warm-up: allocator, cuBLAS handles, first updates
+  std::fprintf(stderr, "sliding_bench: warm-up step done at %.1f s\n", since_start());
   const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
   int weights_first_steps = 0;  // timed steps whose updates went weights first
@@ -213,6 +218,9 @@ int main(int argc, char** argv) {
     const bool ran_first = posted_first;
     if (have_before && ran_before == ran_first) schedule_s[ran_first] += b.step, ++schedule_n[ran_first];
     ran_before = ran_first, have_before = true, posted_first = b.weights_first;
+    // Progress on stderr: a run that stalls or crawls shows how far it got.
+    std::fprintf(stderr, "sliding_bench: step %d of %d: %.3f s, ran %s updates, at %.1f s\n", s, steps, b.step,
+                 ran_first ? "weights-first" : "whole", since_start());
   }
   if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
     std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());

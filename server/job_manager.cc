@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "engine/common/files.h"
+#include "engine/common/thread_name.h"
 #include "engine/common/utf8.h"
 #include "engine/runtime/training_checkpoint.h"
 #include "server/log.h"
@@ -260,6 +261,7 @@ std::string JobManager::running() const {
 }
 
 void JobManager::EngineLoop() {
+  NameThisThread("slide-engine");
   while (true) {
     Job* job = nullptr;
     {

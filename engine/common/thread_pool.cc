@@ -1,5 +1,7 @@
 #include "engine/common/thread_pool.h"
 
+#include "engine/common/thread_name.h"
+
 #include <cstdlib>
 
 namespace slide {
@@ -29,29 +31,32 @@ ThreadPool& ThreadPool::Default() {
   return pool;
 }
 
-void ThreadPool::RunTasks() {
+void ThreadPool::Run(Call& call) {
   int64_t done = 0;
-  for (int64_t i; (i = next_.fetch_add(1)) < n_;) {
-    (*fn_)(i);
+  for (int64_t i; (i = call.next.fetch_add(1)) < call.n;) {
+    (*call.fn)(i);
     ++done;
   }
   if (done > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    finished_ += done;
-    if (finished_ == n_) done_cv_.notify_all();
+    call.finished += done;
+    if (call.finished == call.n) done_cv_.notify_all();
   }
 }
 
 void ThreadPool::WorkerLoop() {
+  NameThisThread("slide-cpu");
   uint64_t seen = 0;
   while (true) {
+    std::shared_ptr<Call> call;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
+      call = call_;
     }
-    RunTasks();
+    Run(*call);
   }
 }
 
@@ -61,19 +66,19 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::lock_guard<std::mutex> call(call_mu_);
+  std::lock_guard<std::mutex> one_at_a_time(call_mu_);
+  auto call = std::make_shared<Call>();
+  call->fn = &fn;
+  call->n = n;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    finished_ = 0;
-    next_.store(0);
+    call_ = call;
     ++generation_;
   }
   work_cv_.notify_all();
-  RunTasks();
+  Run(*call);
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return finished_ == n_; });
+  done_cv_.wait(lock, [&] { return call->finished == call->n; });
 }
 
 }  // namespace slide

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,16 +30,21 @@ class ThreadPool {
   static ThreadPool& Default();
 
  private:
+  // One ParallelFor call's work. Each call has its own: a worker that wakes late, or is still leaving, holds the
+  // call it joined, finds its indices all claimed and leaves without touching the next call's function or counts.
+  struct Call {
+    const std::function<void(int64_t)>* fn = nullptr;  // valid until `finished` reaches `n`
+    int64_t n = 0;
+    std::atomic<int64_t> next{0};
+    int64_t finished = 0;  // guarded by mu_
+  };
   void WorkerLoop();
-  void RunTasks();
+  void Run(Call& call);
 
   std::mutex call_mu_;  // one ParallelFor at a time
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  std::atomic<int64_t> next_{0};
-  int64_t finished_ = 0;
+  std::shared_ptr<Call> call_;  // the latest call; guarded by mu_
   uint64_t generation_ = 0;
   bool stop_ = false;
   std::vector<std::thread> workers_;

@@ -1,5 +1,7 @@
 #include "engine/io/nvme_store.h"
 
+#include "engine/common/thread_name.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -185,6 +187,7 @@ std::future<Status> NvmeStore::Post(size_t unit, bool write, void* buf, uint64_t
 }
 
 void NvmeStore::Loop(Worker& w) {
+  NameThisThread("slide-nvme-io");
   while (true) {
     Task task;
     {

@@ -1,5 +1,7 @@
 #include "engine/runtime/update_worker.h"
 
+#include "engine/common/thread_name.h"
+
 #include <exception>
 #include <utility>
 
@@ -50,6 +52,7 @@ std::string UpdateWorker::TakeError() {
 }
 
 void UpdateWorker::Loop() {
+  NameThisThread("slide-update");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

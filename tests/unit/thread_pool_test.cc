@@ -30,5 +30,27 @@ TEST(ThreadPool, ConcurrentCallersAreServedInTurn) {
   EXPECT_EQ(total.load(), 4 * 50 * 4950);
 }
 
+// Back-to-back calls of a few indices each: a worker still leaving one call must neither run an index of the next
+// call with the last call's function nor count toward the next call's completion (which would return it early,
+// run an index twice or never return).
+TEST(ThreadPool, BackToBackCallsNeverMixTheirWork) {
+  ThreadPool pool(8);
+  std::atomic<int64_t> late{0};  // runs of a call's function after that call returned
+  for (int call = 0; call < 20000; ++call) {
+    const int64_t n = 2 + call % 5;
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<bool> returned{false};
+    pool.ParallelFor(n, [&](int64_t i) {
+      if (returned.load()) late.fetch_add(1);
+      for (volatile int spin = 0; spin < 2000; spin = spin + 1) {
+      }  // long enough for the workers to join in
+      hits[i].fetch_add(1);
+    });
+    returned.store(true);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "call " << call << " index " << i;
+  }
+  EXPECT_EQ(late.load(), 0);
+}
+
 }  // namespace
 }  // namespace slide
