@@ -72,7 +72,7 @@ watch_threads() {
 # bench ARGS...: sliding_bench with the last step's trace summarised into bench.jsonl (TAG names the trace file).
 traced() {
   local tag=$1; shift
-  SLIDE_TRACE_OUT="$OUT/trace-$tag.json" run 240 build-gpu/bench/sliding_bench "$@"
+  SLIDE_TRACE_OUT="$OUT/trace-$tag.json" run "${TRACED_TIMEOUT_S:-240}" build-gpu/bench/sliding_bench "$@"
   [ -f "$OUT/trace-$tag.json" ] && python3 bench/trace_summary.py "$OUT/trace-$tag.json" | sed "s/^{/{\"trace\": \"$tag\", /" >> "$OUT/bench.jsonl"
 }
 # build_gpu TARGETS...: configure (Ninja, Release) and build the targets into build-gpu; exits on failure.
