@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "engine/memory/host_array.h"
 #include "engine/optim/cpu_adamw.h"
 
 using namespace slide;
@@ -29,8 +30,14 @@ int main(int argc, char** argv) {
   const int threads = at::get_num_threads();
   AdamWHyper hp{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
-  at::Tensor p = at::randn({n}) * 0.02, m = at::zeros({n}), v = at::zeros({n});
-  at::Tensor g32 = at::randn({n}) * 1e-3, g16 = g32.to(at::kBFloat16), out = at::empty({n}, at::kBFloat16);
+  // SLIDE_HUGE_PAGES=0: the arrays on small pages (the engine's host state is on huge pages by default).
+  const char* huge_env = std::getenv("SLIDE_HUGE_PAGES");
+  const bool huge = huge_env == nullptr || std::string(huge_env) != "0";
+  at::Tensor p = HostArray(n, at::kFloat, huge), m = HostArray(n, at::kFloat, huge), v = HostArray(n, at::kFloat, huge);
+  p.normal_(0, 0.02);
+  at::Tensor g32 = at::randn({n}) * 1e-3, g16 = HostArray(n, at::kBFloat16, huge),
+             out = HostArray(n, at::kBFloat16, huge);
+  g16.copy_(g32);
 
   // Check: one step on a slice equals the reference.
   {
@@ -90,8 +97,9 @@ int main(int argc, char** argv) {
     if (r > 0) best = std::min(best, Seconds(t0));
   }
   std::printf(
-      "{\"bench\": \"cpu_adamw\", \"params\": %lld, \"threads\": %d, %s\"torch_fused_adamw_fp32grad_gparam_s\": "
+      "{\"bench\": \"cpu_adamw\", \"params\": %lld, \"threads\": %d, \"host_huge_pages\": %s, "
+      "%s\"torch_fused_adamw_fp32grad_gparam_s\": "
       "%.3f}\n",
-      static_cast<long long>(n), threads, results.c_str(), n / best / 1e9);
+      static_cast<long long>(n), threads, huge ? "true" : "false", results.c_str(), n / best / 1e9);
   return 0;
 }

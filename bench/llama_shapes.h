@@ -3,11 +3,15 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engine/common/status.h"
+#include "engine/common/thread_pool.h"
 #include "engine/model/config.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/param_layout.h"
@@ -59,18 +63,26 @@ inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
   return c;
 }
 
+// The matrices are drawn in pieces of 4M values, each from its own generator (seeded by its index) on the
+// process's thread pool: drawn in one stream, 8B's took ~80 s of every benchmark run's start on the GPU box.
 inline ModelParams RandomLlamaParams(const ModelConfig& cfg) {
+  constexpr int64_t kPiece = int64_t(1) << 22;
   ModelLayout layout = BuildModelLayout(cfg);
   ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
+  std::vector<at::Tensor> pieces;
   for (size_t u = 0; u < layout.units.size(); ++u)
     for (const auto& p : layout.units[u].params) {
-      at::Tensor v = ParamView(p, init.units[u]);
-      if (p.weight_decay) {
-        v.normal_(0, 0.02);
-      } else {
+      at::Tensor v = ParamView(p, init.units[u]).view({-1});
+      if (!p.weight_decay) {
         v.fill_(1.0);  // norms (no biases in Llama)
+        continue;
       }
+      for (int64_t b = 0; b < v.numel(); b += kPiece) pieces.push_back(v.narrow(0, b, std::min(kPiece, v.numel() - b)));
     }
+  ThreadPool::Default().ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(i) + 1);
+    pieces[i].normal_(0, 0.02, gen);
+  });
   return init;
 }
 

@@ -25,6 +25,8 @@
 #                            (default 3B and 8B batch 32), 6 timed steps each with the last step's trace
 #   bench/run_gpu.sh wfpeers ours (weights first automatic) and DeepSpeed at 3B batch 32, ours at 8B batch 32, then
 #                            both shapes with weights first off and the weights-first CUDA tests: the short-session call
+#   bench/run_gpu.sh hugepages the host state on transparent huge pages against small pages: CPU AdamW, 3B and 8B
+#                            batch 32, with DeepSpeed at 3B batch 32 in the same call (SKIP_DEEPSPEED=1 leaves it out)
 #   bench/run_gpu.sh ours    ours alone, traced, at OURS_RUNS="shape:batch:weights-first:steps ..." (default 8B b32)
 #   bench/run_gpu.sh largest the largest llama-8b@LAYERS model ours trains on the box without and with the NVMe
 #                            tier (sized from its free memory and disk), then LARGEST_PEERS="peer:shape ..." supervised
@@ -100,6 +102,30 @@ watch_threads &
 watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
 case "$phase" in
+  hugepages)
+    # The host state on transparent huge pages (the default) against small pages (SLIDE_HUGE_PAGES=0): the box's THP
+    # mode and CPU into system.txt, CPU AdamW both ways, ours at 3B batch 32 (automatic) with huge pages beside
+    # DeepSpeed at that batch, then ours with small pages and 8B batch 32 weights first both ways, as time allows.
+    start=$SECONDS
+    { cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag; lscpu; } > "$OUT/system.txt" 2>&1
+    build_gpu sliding_bench cpu_adamw_bench
+    echo "build ok after $((SECONDS - start)) s"
+    for hp in 1 0; do SLIDE_HUGE_PAGES=$hp run 90 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3; done
+    SLIDE_WEIGHTS_FIRST=auto traced hp-llama-3b-auto-1 llama-3b 32 1024 6 2 cuda 1.0
+    echo "ours llama-3b 32 huge pages done after $((SECONDS - start)) s"
+    if [ -z "${SKIP_DEEPSPEED:-}" ]; then
+      install_deepspeed
+      run 230 python3 bench/peers/supervise.py --deadline 210 \
+        --line '{"bench": "peer", "peer": "deepspeed", "shape": "llama-3b", "batch": 32, "seq": 1024}' \
+        -- python3 bench/peers/peer_train.py deepspeed llama-3b 32 1024 3
+      echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
+    fi
+    for spec in llama-3b:auto:0:6 llama-8b:on:1:4 llama-8b:on:0:4; do
+      IFS=: read -r shape wf hp n <<< "$spec"
+      [ $((SECONDS - start)) -lt ${HP_BUDGET_S:-430} ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_HUGE_PAGES=$hp SLIDE_WEIGHTS_FIRST=$wf traced "hp-$shape-$wf-$hp" "$shape" 32 1024 "$n" 2 cuda 1.0
+      echo "ours $spec done after $((SECONDS - start)) s"
+    done ;;
   ours)
     # Ours alone, traced, at OURS_RUNS="shape:batch:weights-first:steps ..." (default 8B batch 32 on, then auto; 4
     # timed steps), stopping at OURS_BUDGET_S (default 480).

@@ -26,6 +26,7 @@
 #include "bench/llama_shapes.h"
 #include "engine/common/files.h"
 #include "engine/kernels/fused_ops.h"
+#include "engine/memory/host_array.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/config.h"
 #include "engine/runtime/device_info.h"
@@ -34,6 +35,7 @@
 using namespace slide;
 
 int main(int argc, char** argv) {
+  const auto main_start = std::chrono::steady_clock::now();
   if (argc < 3) {
     std::fprintf(stderr, "usage: sliding_bench SHAPE BATCH [SEQ] [STEPS] [WINDOW] [DEVICE]\n");
     return 2;
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
   so.device_update_share = share;
   so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
   so.weights_first = wf == "on" ? WeightsFirst::kOn : wf == "off" ? WeightsFirst::kOff : WeightsFirst::kAuto;
+  so.host_huge_pages = env_int("SLIDE_HUGE_PAGES", 1) != 0;  // 0: the host state on small pages (the comparison)
   SlidingTrainer trainer(cfg, std::move(init), so);
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
@@ -192,6 +195,7 @@ int main(int argc, char** argv) {
     return std::vector<MicroBatch>{{ids, ShiftLabels(ids)}};
   };
   const auto bench_start = std::chrono::steady_clock::now();
+  const double setup_s = std::chrono::duration<double>(bench_start - main_start).count();  // init, plan, trainer
   auto since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
   };
@@ -271,7 +275,8 @@ int main(int argc, char** argv) {
       "%.3f, \"device_update\": %.3f, \"cpu_update_weights\": %.3f}, \"weights_first\": \"%s\", "
       "\"weights_first_steps\": %d, \"step_s_by_schedule\": {\"whole\": %.3f, \"whole_steps\": %d, "
       "\"weights_first\": %.3f, \"weights_first_steps\": %d}, \"ring_loads\": %lld, \"edge_ring_chunks\": %lld, "
-      "\"fused_kernels\": %s, \"nvme_state\": \"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
+      "\"host_huge_pages\": %s, \"thp_available\": %s, \"setup_s\": %.1f, \"fused_kernels\": %s, \"nvme_state\": "
+      "\"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
       "\"read_bytes_per_update\": "
       "%.0f, "
       "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
@@ -290,9 +295,11 @@ int main(int argc, char** argv) {
       sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
       schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
       schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
-      (long long)trainer.edge_ring_chunks(), FusedKernelsEnabled() ? "true" : "false", TierModeName(nvme.mode),
-      (long long)nvme.layers, sum.nvme, nvme_read, nvme_written, nvme_read * steps / wall_with_drain / 1e9,
-      nvme_written * steps / wall_with_drain / 1e9, trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
+      (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
+      HostHugePagesAvailable() ? "true" : "false", setup_s, FusedKernelsEnabled() ? "true" : "false",
+      TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
+      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
+      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,

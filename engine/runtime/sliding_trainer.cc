@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "engine/memory/host_array.h"
 #include "engine/optim/tensor_adamw.h"
 #include "engine/runtime/device_info.h"
 
@@ -150,7 +151,6 @@ void SlidingTrainer::Init() {
   on_cuda_ = opts_.train.device.is_cuda();
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
   if (on_cuda_) LimitDeviceMemory(opts_.device_budget_bytes);
-  const auto host_f32 = at::TensorOptions().dtype(at::kFloat);
   // Slots: the window's layers, the embedding, the head, and two buffers parked layer inputs come back into.
   queue_ = std::make_unique<DeviceQueue>(opts_.train.device, static_cast<int>(opts_.window) + 4);
 
@@ -192,7 +192,8 @@ void SlidingTrainer::Init() {
   }
   auto host_zeros = [&](size_t u) {
     const int64_t numel = layout_.units[u].numel;
-    return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_() : at::zeros({numel}, host_f32);
+    return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_()
+                       : HostArray(numel, at::kFloat, opts_.host_huge_pages);
   };
   unit_sqnorm_.assign(n_units, 0.0);
   for (auto* v :
@@ -211,6 +212,10 @@ void SlidingTrainer::Init() {
     }
     if (Streamed(u)) {  // the loaded master moves into a page-locked buffer, one unit at a time
       at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
+      master.copy_(master_.units[u]);
+      master_.units[u] = master;
+    } else if (!master_on_disk(u) && opts_.host_huge_pages) {  // into huge pages, one unit at a time
+      at::Tensor master = HostArray(layout_.units[u].numel, at::kFloat, true);
       master.copy_(master_.units[u]);
       master_.units[u] = master;
     }
@@ -775,7 +780,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     for (size_t u = 0; u < layout_.units.size(); ++u)
       sums.push_back(Resident(u)   ? at::Tensor()
                      : Streamed(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
-                                   : at::empty({layout_.units[u].numel}, at::kFloat));
+                                   : HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages));
     grad_accum_ = std::move(sums);
   }
 

@@ -71,6 +71,9 @@ struct SlidingOptions {
   int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
   // Layers eligible: host-held (not resident, streamed or on the NVMe tier); bf16 compute with clipping only.
   WeightsFirst weights_first = WeightsFirst::kAuto;
+  // The host-held fp32 master, moments and gradient sums in mappings advised for transparent huge pages
+  // (HostArray); off: LibTorch's allocator, small pages.
+  bool host_huge_pages = true;
 };
 
 // The share GPU jobs stream (bf16, no NVMe tier). Measured on the H200 box (f2c8475): 3B batch 8 with 8 resident

@@ -447,6 +447,19 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   }
 }
 
+// The host state on huge pages (the default) or on LibTorch's allocator: the same numbers.
+TEST(SlidingTrainer, HostHugePagesChangeNoResult) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 3);
+  const TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
+  SlidingOptions huge{.train = o, .window = 1}, small = huge;
+  small.host_huge_pages = false;
+  SlidingTrainer a(cfg, params, huge), b(cfg, params, small);
+  for (int64_t s = 0; s < 3; ++s) StepAlike(a, b, s, /*accum=*/2, cfg.vocab_size);
+  ExpectSameStateAndRestore(a, b, cfg, params, small, /*accum=*/2);
+}
+
 // With weights first the embedding and the head take the weights-only pass too, in chunks of a ring buffer (a
 // layer's size): a 1000-token vocabulary makes each 3 chunks, more than the ring of 2 (one slot) holds, so a chunk's
 // pass waits for the copy of the chunk two before it. Bit-identical to the whole update through an evaluation,
