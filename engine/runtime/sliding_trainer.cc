@@ -288,7 +288,7 @@ at::Tensor SlidingTrainer::SlotView(int64_t layer) {
   return slots_[layer % opts_.window].narrow(0, 0, layout_.layer(layer).numel);
 }
 
-void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
+void SlidingTrainer::WaitForUnit(size_t unit, const char* why, const std::string& what) {
   UpdateWorker& worker = WorkerFor(unit);
   if (worker.Idle(unit)) return;
   const double t0 = TraceNow();
@@ -298,7 +298,8 @@ void SlidingTrainer::WaitForUnit(size_t unit, const char* why) {
   }
   if (opts_.trace) {
     std::lock_guard<std::mutex> lock(trace_mu_);
-    pending_trace_.push_back({"engine.wait", std::string(why) + " " + std::to_string(unit), t0, TraceNow()});
+    pending_trace_.push_back(
+        {"engine.wait", std::string(why) + " " + (what.empty() ? std::to_string(unit) : what), t0, TraceNow()});
   }
 }
 
@@ -317,7 +318,7 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
   if (const int64_t ticket = ring_ticket_[layer]; ticket >= 0) {
     // The weights-only pass wrote the weights into the ring; the whole update still owns the staging buffer.
-    WaitForUnit(EarlyUnit(1 + layer), "load");
+    WaitForUnit(EarlyUnit(1 + layer), "load", "weights " + std::to_string(1 + layer));
     at::Tensor weights = weight_ring_->Buffer(ticket).narrow(0, 0, layout_.layer(layer).numel);
     weight_ring_->Consumed(ticket, queue_->LoadSlot(static_cast<int>(w), SlotView(layer), weights));
     ring_ticket_[layer] = -1;
@@ -345,7 +346,7 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   if (first_ticket >= 0) {  // weights first: chunk by chunk from the ring, each copy issued as its pass ends
     for (int64_t k = 0; k < EdgeChunks(unit); ++k) {
       const Range c = EdgeChunk(unit, k);
-      WaitForUnit(EdgeChunkUnit(head, k), "load");
+      WaitForUnit(EdgeChunkUnit(head, k), "load", "weights " + std::to_string(unit) + "." + std::to_string(k));
       weight_ring_->Consumed(first_ticket + k,
                              queue_->LoadSlot(slot, dst.narrow(0, c.begin, c.n),
                                               weight_ring_->Buffer(first_ticket + k).narrow(0, 0, c.n)));

@@ -160,7 +160,9 @@ class SlidingTrainer {
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
   void EnsureLoaded(int64_t layer);  // issue the load of `layer` into its slot unless it is there
   void Prefetch(int64_t layer);      // the same, only when its update has finished (never waits)
-  void WaitForUnit(size_t unit, const char* why);
+  // Waits for every task posted under the worker id `unit`; the trace names the wait `why` + its unit number, or
+  // `what` when given (a weights-only pass: "weights U", an edge chunk's: "weights U.K", as their update tasks).
+  void WaitForUnit(size_t unit, const char* why, const std::string& what = "");
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
   void LoadEdgeUnit(bool head);        // the embedding or the head buffer
   // The RoPE tables for `seq_len`, built on the first step of that length and kept on the device: building them
