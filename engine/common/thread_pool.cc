@@ -1,8 +1,8 @@
 #include "engine/common/thread_pool.h"
 
-#include "engine/common/thread_name.h"
-
 #include <cstdlib>
+
+#include "engine/common/thread_name.h"
 
 namespace slide {
 

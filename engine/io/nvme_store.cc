@@ -1,7 +1,5 @@
 #include "engine/io/nvme_store.h"
 
-#include "engine/common/thread_name.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "engine/common/thread_name.h"
 
 namespace slide {
 

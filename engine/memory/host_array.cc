@@ -29,9 +29,8 @@ at::Tensor HostArray(int64_t numel, c10::ScalarType dtype, bool huge_pages) {
   TORCH_CHECK(p != MAP_FAILED, "mapping ", mapped, " bytes of host memory: ", std::strerror(errno));
   // Advice only: refused where THP is off or compiled out, and the pages stay small.
   if (huge_pages) (void)madvise(p, mapped, MADV_HUGEPAGE);
-  // Faulted in now, in parallel pieces, rather than by the first update that writes them: untouched, 8B's moments
-  // made the first timed step 9.5 s on huge pages and 50 s on small ones (every fault of one mapping contends for
-  // its lock) instead of 3.9 s.
+  // Faulted in now, in parallel pieces, rather than by the first update that writes them: left untouched, 8B's
+  // moments made the first timed step take 9.5 s on huge pages and 50 s on small ones, against 3.9 s after it.
   const int64_t pieces = static_cast<int64_t>((mapped + kTouchPiece - 1) / kTouchPiece);
   ThreadPool::Default().ParallelFor(pieces, [&](int64_t i) {
     const size_t begin = static_cast<size_t>(i) * kTouchPiece;
