@@ -33,12 +33,18 @@ ThreadPool& ThreadPool::Default() {
 
 void ThreadPool::Run(Call& call) {
   int64_t done = 0;
+  std::exception_ptr error;
   for (int64_t i; (i = call.next.fetch_add(1)) < call.n;) {
-    (*call.fn)(i);
+    try {
+      (*call.fn)(i);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
     ++done;
   }
   if (done > 0) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (error && !call.error) call.error = error;
     call.finished += done;
     if (call.finished == call.n) done_cv_.notify_all();
   }
@@ -63,7 +69,11 @@ void ThreadPool::WorkerLoop() {
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    Call inline_call;
+    inline_call.fn = &fn;
+    inline_call.n = n;
+    Run(inline_call);
+    if (inline_call.error) std::rethrow_exception(inline_call.error);
     return;
   }
   std::lock_guard<std::mutex> one_at_a_time(call_mu_);
@@ -79,6 +89,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   Run(*call);
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return call->finished == call->n; });
+  if (call->error) std::rethrow_exception(call->error);
 }
 
 }  // namespace slide

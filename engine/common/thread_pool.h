@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,7 +23,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Runs fn(i) for every i in [0, n), spread over the pool; returns when all calls have finished.
-  // Concurrent callers are served one after another.
+  // Concurrent callers are served one after another. If fn throws, the other indices still run and the first
+  // exception is rethrown to the caller once every call has finished (fn is never used after the return).
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
@@ -36,7 +38,8 @@ class ThreadPool {
     const std::function<void(int64_t)>* fn = nullptr;  // valid until `finished` reaches `n`
     int64_t n = 0;
     std::atomic<int64_t> next{0};
-    int64_t finished = 0;  // guarded by mu_
+    int64_t finished = 0;      // guarded by mu_
+    std::exception_ptr error;  // the first exception an index threw; guarded by mu_
   };
   void WorkerLoop();
   void Run(Call& call);

@@ -2,8 +2,9 @@
 // advised for transparent huge pages (2 MiB), which the kernel grants where THP is "always" or "madvise" (the
 // common default): the fp32 master and AdamW moments that every update streams through then cost a TLB entry
 // per 2 MiB instead of per 4 KiB, and faulting them in at start-up takes 512 times fewer faults. Where THP is
-// off the advice is refused and the array keeps small pages; nothing else changes. The pages are faulted in on
-// the process's thread pool before it returns, so no later step pays for them.
+// "never" or compiled out the array keeps small pages; nothing else changes. Without huge pages the
+// mapping is advised MADV_NOHUGEPAGE (small pages even where THP is "always": the comparison). The pages are
+// faulted in on the process's thread pool before it returns, so no later step pays for them.
 #pragma once
 
 #include <ATen/core/Tensor.h>

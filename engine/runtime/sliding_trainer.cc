@@ -214,8 +214,8 @@ void SlidingTrainer::Init() {
       at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
       master.copy_(master_.units[u]);
       master_.units[u] = master;
-    } else if (!master_on_disk(u) && opts_.host_huge_pages) {  // into huge pages, one unit at a time
-      at::Tensor master = HostArray(layout_.units[u].numel, at::kFloat, true);
+    } else if (!master_on_disk(u)) {  // into its own mapping, one unit at a time (huge pages unless turned off)
+      at::Tensor master = HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages);
       master.copy_(master_.units[u]);
       master_.units[u] = master;
     }

@@ -71,8 +71,8 @@ struct SlidingOptions {
   int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
   // Layers eligible: host-held (not resident, streamed or on the NVMe tier); bf16 compute with clipping only.
   WeightsFirst weights_first = WeightsFirst::kAuto;
-  // The host-held fp32 master, moments and gradient sums in mappings advised for transparent huge pages
-  // (HostArray); off: LibTorch's allocator, small pages.
+  // The host-held fp32 master, moments and gradient sums in their own mappings (HostArray), advised for
+  // transparent huge pages; off: advised against them (small pages even where THP is "always").
   bool host_huge_pages = true;
 };
 

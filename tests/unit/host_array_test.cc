@@ -28,29 +28,36 @@ TEST(HostArray, IsZeroFilledFlatAndWritableAtOddSizes) {
     }
 }
 
-// The huge-page advice reaches the kernel: the mapping is eligible for transparent huge pages ("THPeligible" in
-// smaps), whether or not the kernel had a free 2 MiB page to give at the time.
-TEST(HostArray, AdvisesHugePagesWhereTheKernelAllowsThem) {
-  if (!HostHugePagesAvailable()) GTEST_SKIP() << "transparent huge pages are off on this machine";
-  at::Tensor huge = HostArray(int64_t(4) << 20, at::kFloat, true);  // 16 MiB
-  const auto address = reinterpret_cast<uintptr_t>(huge.data_ptr());
+// The flags smaps shows for the mapping holding `address` ("" when not found).
+std::string VmFlagsOf(const void* address) {
+  const auto where = reinterpret_cast<uintptr_t>(address);
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
-  bool in_mapping = false, eligible_seen = false;
+  bool in_mapping = false;
   while (std::getline(smaps, line)) {
     uintptr_t begin = 0, end = 0;
     char dash = 0;
     std::istringstream head(line);
     if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-      in_mapping = begin <= address && address < end;
+      in_mapping = begin <= where && where < end;
       continue;
     }
-    if (in_mapping && line.rfind("THPeligible:", 0) == 0) {
-      EXPECT_NE(line.find('1'), std::string::npos) << line;
-      eligible_seen = true;
-    }
+    if (in_mapping && line.rfind("VmFlags:", 0) == 0) return line + " ";
   }
-  if (!eligible_seen) GTEST_SKIP() << "this kernel's smaps does not report THPeligible";
+  return "";
+}
+
+// The advice reaches the kernel: the huge array's mapping carries MADV_HUGEPAGE's flag ("hg") and starts on a 2 MiB
+// boundary, the other carries MADV_NOHUGEPAGE's ("nh"), whatever the kernel had free to give at the time.
+TEST(HostArray, AdvisesHugePagesOrAgainstThem) {
+  if (!HostHugePagesAvailable()) GTEST_SKIP() << "transparent huge pages are off on this machine";
+  at::Tensor huge = HostArray((int64_t(4) << 20) + 3, at::kFloat, true);  // 16 MiB and a bit
+  at::Tensor small = HostArray(int64_t(4) << 20, at::kFloat, false);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(huge.data_ptr()) % (uintptr_t(2) << 20), 0u);
+  const std::string huge_flags = VmFlagsOf(huge.data_ptr()), small_flags = VmFlagsOf(small.data_ptr());
+  if (huge_flags.empty()) GTEST_SKIP() << "this kernel's smaps has no VmFlags";
+  EXPECT_NE(huge_flags.find(" hg "), std::string::npos) << huge_flags;
+  EXPECT_NE(small_flags.find(" nh "), std::string::npos) << small_flags;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,23 @@ TEST(ThreadPool, BackToBackCallsNeverMixTheirWork) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "call " << call << " index " << i;
   }
   EXPECT_EQ(late.load(), 0);
+}
+
+// An index that throws: every other index still runs, the caller gets the exception after all have finished, and
+// the pool serves the next call.
+TEST(ThreadPool, AThrowingIndexReachesTheCallerAfterEveryIndexRan) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(64);
+  EXPECT_THROW(pool.ParallelFor(64,
+                                [&](int64_t i) {
+                                  hits[i].fetch_add(1);
+                                  if (i == 5 || i == 40) throw std::runtime_error("index failed");
+                                }),
+               std::runtime_error);
+  for (int64_t i = 0; i < 64; ++i) EXPECT_EQ(hits[i].load(), 1) << "index " << i;
+  std::atomic<int64_t> total{0};
+  pool.ParallelFor(100, [&](int64_t i) { total.fetch_add(i); });
+  EXPECT_EQ(total.load(), 4950);
 }
 
 }  // namespace
