@@ -98,6 +98,13 @@ install_deepspeed() {
   export PYTHONPATH=/tmp/ds-site DS_SKIP_CUDA_CHECK=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/tmp/ds-site/bin:$PATH
   python3 -c 'import deepspeed, transformers; print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
 }
+# peer_run PEER SHAPE BATCH DEADLINE STEPS: bench/peers/peer_train.py under the supervisor, which writes the line
+# of a peer that dies without one (the OOM killer's SIGKILL) or overruns DEADLINE seconds.
+peer_run() {
+  run $(($4 + 20)) python3 bench/peers/supervise.py --deadline "$4" \
+    --line "{\"bench\": \"peer\", \"peer\": \"$1\", \"shape\": \"$2\", \"batch\": $3, \"seq\": 1024}" \
+    -- python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 "$5"
+}
 watch_threads &
 watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
@@ -115,9 +122,7 @@ case "$phase" in
     echo "ours llama-3b 32 huge pages done after $((SECONDS - start)) s"
     if [ -z "${SKIP_DEEPSPEED:-}" ]; then
       install_deepspeed
-      run 230 python3 bench/peers/supervise.py --deadline 210 \
-        --line '{"bench": "peer", "peer": "deepspeed", "shape": "llama-3b", "batch": 32, "seq": 1024}' \
-        -- python3 bench/peers/peer_train.py deepspeed llama-3b 32 1024 3
+      peer_run deepspeed llama-3b 32 210 3
       echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
     fi
     for spec in llama-3b:auto:0:6 llama-8b:on:1:4 llama-8b:on:0:4; do
@@ -224,13 +229,11 @@ case "$phase" in
       set -- $spec
       [ $((SECONDS - start)) -lt ${PEER_BUDGET_S:-480} ] || { echo "skipped (time): $spec"; continue; }
       # Per run: PEER_TIMEOUT_S, else 170 s (8B: 420 s; building and offloading an 8B model on the host takes
-      # minutes). The supervisor writes the line of a peer that dies without one (the OOM killer's SIGKILL).
+      # minutes).
       limit=${PEER_TIMEOUT_S:-170}; [ -z "${PEER_TIMEOUT_S:-}" ] && [[ "$2" == llama-8b* ]] && limit=420
       if [ "$1" = ours ]; then run $limit build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
       else
-        run $((limit + 20)) python3 bench/peers/supervise.py --deadline $limit \
-          --line "{\"bench\": \"peer\", \"peer\": \"$1\", \"shape\": \"$2\", \"batch\": $3, \"seq\": 1024}" \
-          -- python3 bench/peers/peer_train.py "$1" "$2" "$3" 1024 3
+        peer_run "$1" "$2" "$3" "$limit" 3
       fi
       echo "$spec done after $((SECONDS - start)) s"
     done ;;
@@ -249,9 +252,7 @@ case "$phase" in
       SLIDE_WEIGHTS_FIRST=$wf SLIDE_CHECKPOINTS=host run 150 build-gpu/bench/sliding_bench llama-8b $b 1024 3 2 cuda 1.0
       echo "ours batch $b weights first $wf done after $((SECONDS - start)) s"
     done
-    run 120 python3 bench/peers/supervise.py --deadline 100 \
-      --line '{"bench": "peer", "peer": "fwdbwd", "shape": "llama-8b", "batch": 8, "seq": 1024}' \
-      -- python3 bench/peers/peer_train.py fwdbwd llama-8b 8 1024 3 ;;
+    peer_run fwdbwd llama-8b 8 100 3 ;;
   weights)
     # Weights first (SlidingOptions::weights_first) against the whole update under exact clipping: the CUDA engine
     # tests (EqualsReferenceWeightsFirst_CUDA among them), the CPU update's two passes on this box's cores, then each
@@ -293,9 +294,7 @@ case "$phase" in
     SLIDE_WEIGHTS_FIRST=auto traced wfp-llama-3b-auto llama-3b 32 1024 6 2 cuda 1.0
     echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
     install_deepspeed
-    run 230 python3 bench/peers/supervise.py --deadline 210 \
-      --line '{"bench": "peer", "peer": "deepspeed", "shape": "llama-3b", "batch": 32, "seq": 1024}' \
-      -- python3 bench/peers/peer_train.py deepspeed llama-3b 32 1024 3
+    peer_run deepspeed llama-3b 32 210 3
     echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
     for spec in llama-8b:auto llama-3b:off llama-8b:off; do
       IFS=: read -r shape wf <<< "$spec"
@@ -357,9 +356,7 @@ PY
       IFS=: read -r name shape <<< "$peer"
       left=$(( ${LARGEST_BUDGET_S:-560} - (SECONDS - start) ))
       [ $left -gt 60 ] || { echo "skipped (time): $peer"; continue; }
-      run $((left + 20)) python3 bench/peers/supervise.py --deadline $left \
-        --line "{\"bench\": \"peer\", \"peer\": \"$name\", \"shape\": \"$shape\", \"batch\": 8, \"seq\": 1024}" \
-        -- python3 bench/peers/peer_train.py "$name" "$shape" 8 1024 1
+      peer_run "$name" "$shape" 8 "$left" 1
       echo "$peer done after $((SECONDS - start)) s"
     done ;;
   tier)

@@ -210,14 +210,16 @@ void SlidingTrainer::Init() {
       staging_.emplace_back();
       continue;
     }
-    if (Streamed(u)) {  // the loaded master moves into a page-locked buffer, one unit at a time
+    // The loaded master moves, one unit at a time, into a page-locked buffer (streamed) or its own mapping (huge
+    // pages unless turned off).
+    if (Streamed(u)) {
       at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
-      master.copy_(master_.units[u]);
-      master_.units[u] = master;
-    } else if (!master_on_disk(u)) {  // into its own mapping, one unit at a time (huge pages unless turned off)
-      at::Tensor master = HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages);
-      master.copy_(master_.units[u]);
-      master_.units[u] = master;
+      master_.units[u] = master.copy_(master_.units[u]);
+    } else if (!master_on_disk(u)) {
+      TORCH_CHECK(master_.units[u].is_contiguous() && master_.units[u].numel() == layout_.units[u].numel, "unit ", u,
+                  "'s master weights do not match its layout");
+      master_.units[u] = HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages,
+                                   master_.units[u].const_data_ptr<float>());
     }
     if (dtype == c10::kFloat && !on_cuda_ && !master_on_disk(u)) {
       staging_.push_back(master_.units[u]);  // fp32 on the host: the master is what the forward loads
@@ -318,7 +320,7 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
   if (slot_layer_[w] == layer && slot_version_[w] == weights_version_) return;
   if (const int64_t ticket = ring_ticket_[layer]; ticket >= 0) {
     // The weights-only pass wrote the weights into the ring; the whole update still owns the staging buffer.
-    WaitForUnit(EarlyUnit(1 + layer), "load", "weights " + std::to_string(1 + layer));
+    WaitForUnit(EarlyUnit(1 + layer), "load", WeightsPassName(1 + layer, -1));
     at::Tensor weights = weight_ring_->Buffer(ticket).narrow(0, 0, layout_.layer(layer).numel);
     weight_ring_->Consumed(ticket, queue_->LoadSlot(static_cast<int>(w), SlotView(layer), weights));
     ring_ticket_[layer] = -1;
@@ -346,7 +348,7 @@ void SlidingTrainer::LoadEdgeUnit(bool head) {
   if (first_ticket >= 0) {  // weights first: chunk by chunk from the ring, each copy issued as its pass ends
     for (int64_t k = 0; k < EdgeChunks(unit); ++k) {
       const Range c = EdgeChunk(unit, k);
-      WaitForUnit(EdgeChunkUnit(head, k), "load", "weights " + std::to_string(unit) + "." + std::to_string(k));
+      WaitForUnit(EdgeChunkUnit(head, k), "load", WeightsPassName(unit, k));
       weight_ring_->Consumed(first_ticket + k,
                              queue_->LoadSlot(slot, dst.narrow(0, c.begin, c.n),
                                               weight_ring_->Buffer(first_ticket + k).narrow(0, 0, c.n)));
@@ -579,6 +581,11 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
   });
 }
 
+// A weights-only pass in traces: "weights U" for a layer, "weights U.K" for chunk K of an edge unit.
+std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
+  return "weights " + std::to_string(unit) + (chunk >= 0 ? "." + std::to_string(chunk) : "");
+}
+
 // Held in host memory (not resident, streamed or on the NVMe tier): where the weights-only pass can run.
 bool SlidingTrainer::HostHeld(size_t unit) const { return !Resident(unit) && !Streamed(unit) && !OnTier(unit); }
 
@@ -640,11 +647,10 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   for (size_t u = 0; u < n_units; ++u) {
     if ((u == 0 && embed_first) || (u == head && head_first)) {
       edge_ticket_[u == head ? 1 : 0] = ticket;
-      for (int64_t k = 0; k < EdgeChunks(u); ++k)
-        PostWeightsOnly(u, EdgeChunkUnit(u == head, k), EdgeChunk(u, k), args, ticket++);
+      for (int64_t k = 0; k < EdgeChunks(u); ++k) PostWeightsOnly(u, k, args, ticket++);
     } else if (round && WeightsFirstEligible(u)) {
       ring_ticket_[u - 1] = ticket;
-      PostWeightsOnly(u, EarlyUnit(u), {0, layout_.units[u].numel}, args, ticket++);
+      PostWeightsOnly(u, /*chunk=*/-1, args, ticket++);
     } else {
       PostUpdate(u, lr, grad_scale, step_ + 1);
     }
@@ -656,10 +662,12 @@ void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   updates_posted_ = true;
 }
 
-void SlidingTrainer::PostWeightsOnly(size_t unit, size_t worker_unit, Range range, const AdamWStepArgs& args,
-                                     int64_t ticket) {
+void SlidingTrainer::PostWeightsOnly(size_t unit, int64_t chunk, const AdamWStepArgs& args, int64_t ticket) {
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
-  worker_->Post(worker_unit, [this, unit, worker_unit, range, args, grad, ticket] {
+  const bool edge = chunk >= 0;
+  const size_t worker_unit = edge ? EdgeChunkUnit(/*head=*/unit + 1 == layout_.units.size(), chunk) : EarlyUnit(unit);
+  const Range range = edge ? EdgeChunk(unit, chunk) : Range{0, layout_.units[unit].numel};
+  worker_->Post(worker_unit, [this, unit, chunk, range, args, grad, ticket] {
     at::Tensor out = weight_ring_->Acquire(ticket);  // may wait for the device copy of ticket - ring size
     const int64_t t0 = NowNs(), b = range.begin;
     UpdateRange(unit, b, range.n, master_.units[unit].data_ptr<float>() + b, exp_avg_.units[unit].data_ptr<float>() + b,
@@ -668,10 +676,7 @@ void SlidingTrainer::PostWeightsOnly(size_t unit, size_t worker_unit, Range rang
     const int64_t took_ns = NowNs() - t0;
     update_ns_ += took_ns;
     weights_only_ns_ += took_ns;
-    const bool chunk = worker_unit >= 2 * layout_.units.size();  // of an edge unit: named by its chunk
-    TraceUpdate("adamw-weights " + std::to_string(unit) +
-                    (chunk ? "." + std::to_string(b / weight_ring_->Buffer(0).numel()) : ""),
-                took_ns);
+    TraceUpdate("adamw-" + WeightsPassName(unit, chunk), took_ns);
   });
 }
 

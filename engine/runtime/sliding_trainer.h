@@ -161,7 +161,7 @@ class SlidingTrainer {
   void EnsureLoaded(int64_t layer);  // issue the load of `layer` into its slot unless it is there
   void Prefetch(int64_t layer);      // the same, only when its update has finished (never waits)
   // Waits for every task posted under the worker id `unit`; the trace names the wait `why` + its unit number, or
-  // `what` when given (a weights-only pass: "weights U", an edge chunk's: "weights U.K", as their update tasks).
+  // `what` when given (a weights-only pass: WeightsPassName).
   void WaitForUnit(size_t unit, const char* why, const std::string& what = "");
   at::Tensor SlotView(int64_t layer);  // the slot view holding `layer`'s weights
   void LoadEdgeUnit(bool head);        // the embedding or the head buffer
@@ -189,9 +189,10 @@ class SlidingTrainer {
   bool ChooseWeightsFirst();
   void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
-  // The weights-only pass over `range` of `unit` into ring ticket `ticket`, tracked by the worker as `worker_unit`
-  // (EarlyUnit for a layer, EdgeChunkUnit for a chunk of the embedding or the head).
-  void PostWeightsOnly(size_t unit, size_t worker_unit, Range range, const AdamWStepArgs& args, int64_t ticket);
+  // The weights-only pass of layer `unit` (chunk -1; tracked by the worker as EarlyUnit) or of chunk `chunk` of the
+  // embedding or the head (EdgeChunkUnit) into ring ticket `ticket`.
+  void PostWeightsOnly(size_t unit, int64_t chunk, const AdamWStepArgs& args, int64_t ticket);
+  static std::string WeightsPassName(size_t unit, int64_t chunk);
   size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
   size_t EdgeChunkUnit(bool head, int64_t chunk) const {
     return 2 * layout_.units.size() + static_cast<size_t>((head ? edge_chunks_max_ : 0) + chunk);

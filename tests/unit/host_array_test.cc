@@ -28,6 +28,16 @@ TEST(HostArray, IsZeroFilledFlatAndWritableAtOddSizes) {
     }
 }
 
+// With contents: the array holds them (not zeros), at sizes around the pieces it is written in.
+TEST(HostArray, HoldsTheContentsItIsGiven) {
+  for (bool huge : {true, false})
+    for (int64_t n : {int64_t(1), int64_t(5), (int64_t(16) << 20) + 3}) {  // the last crosses a 64 MiB piece
+      const at::Tensor source = at::arange(n, at::kFloat);
+      const at::Tensor a = HostArray(n, at::kFloat, huge, source.const_data_ptr());
+      EXPECT_TRUE(at::equal(a, source)) << "n " << n << " huge " << huge;
+    }
+}
+
 // The flags smaps shows for the mapping holding `address` ("" when not found).
 std::string VmFlagsOf(const void* address) {
   const auto where = reinterpret_cast<uintptr_t>(address);

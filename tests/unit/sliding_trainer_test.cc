@@ -447,7 +447,7 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   }
 }
 
-// The host state on huge pages (the default) or on LibTorch's allocator: the same numbers.
+// The host state on huge pages (the default) or advised against them: the same numbers.
 TEST(SlidingTrainer, HostHugePagesChangeNoResult) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelConfig cfg = fx.config;
