@@ -36,8 +36,8 @@
 #                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
 #   bench/run_gpu.sh matrix  sliding_bench over MATRIX_RUNS="shape:batch:max_grad_norm ..." as slided runs GPU jobs
 #                            (automatic resident layers, streamed-update share SHARE=0.3)
-#   bench/run_gpu.sh stream  CUDA engine tests, then sliding_bench with a share of the host layers updated on the GPU
-#                            (STREAM_RUNS="shape:batch:share ...", resident layers automatic)
+#   bench/run_gpu.sh stream  sliding_bench with a share of the host layers updated on the GPU against none, weights
+#                            first automatic (STREAM_RUNS="shape:batch:share:checkpoints ...", resident layers automatic)
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
 set -uo pipefail
@@ -187,16 +187,21 @@ case "$phase" in
       done
     done ;;
   stream)
+    # The streamed-update share (slided's GPU jobs use kDefaultDeviceUpdateShare; sliding_bench 0 unless told) with
+    # weights first automatic: STREAM_RUNS="shape:batch:share:checkpoints ...", 6 timed steps each, traced;
+    # STREAM_TESTS=1 runs the CUDA engine tests first.
     start=$SECONDS
     build_gpu sliding_bench engine_tests
     echo "build ok after $((SECONDS - start)) s"
-    cuda_engine_tests 120
-    echo "tests done after $((SECONDS - start)) s"
-    for spec in ${STREAM_RUNS:-"llama-8b:32:0" "llama-8b:32:0.3" "llama-3b:8:0" "llama-3b:8:0.3"}; do
-      IFS=: read -r shape batch share <<< "$spec"
+    [ -n "${STREAM_TESTS:-}" ] && cuda_engine_tests 120
+    for spec in ${STREAM_RUNS:-llama-3b:32:0:device llama-3b:32:0.3:device llama-8b:48:0:host llama-8b:48:0.3:host \
+        llama-3b:8:0:device llama-3b:8:0.3:device llama-8b:8:0:device llama-8b:8:0.3:device}; do
+      IFS=: read -r shape batch share ckpt <<< "$spec"
       [ $((SECONDS - start)) -lt ${STREAM_DEADLINE:-470} ] || { echo "skipped (time): $spec"; continue; }
-      SLIDE_DEVICE_UPDATE_SHARE=$share run 200 build-gpu/bench/sliding_bench $shape $batch 1024 3 2 cuda 1.0
+      SLIDE_DEVICE_UPDATE_SHARE=$share SLIDE_CHECKPOINTS=$ckpt SLIDE_WEIGHTS_FIRST=auto \
+        traced "s-$shape-$batch-$share" "$shape" "$batch" 1024 6 2 cuda 1.0
       echo "$spec done after $((SECONDS - start)) s"
+      grep 'sliding_bench: step' "$OUT/bench.err" | tail -1
     done ;;
   matrix)
     # The engine's figures over shapes, batches and clipping as a GPU job runs them (automatic resident layers,
