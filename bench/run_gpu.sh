@@ -191,7 +191,7 @@ case "$phase" in
     # weights first automatic: STREAM_RUNS="shape:batch:share:checkpoints ...", 6 timed steps each, traced;
     # STREAM_TESTS=1 runs the CUDA engine tests first.
     start=$SECONDS
-    build_gpu sliding_bench engine_tests
+    build_gpu sliding_bench ${STREAM_TESTS:+engine_tests}
     echo "build ok after $((SECONDS - start)) s"
     [ -n "${STREAM_TESTS:-}" ] && cuda_engine_tests 120
     for spec in ${STREAM_RUNS:-llama-3b:32:0:device llama-3b:32:0.3:device llama-8b:48:0:host llama-8b:48:0.3:host \
