@@ -281,7 +281,8 @@ case "$phase" in
     # The two speed targets on one box in one call: ours at 8B with layer inputs parked on the host at the
     # critical batch (TARGET_8B="batch:weights-first", default 48:on) beside PyTorch+HF forward+backward at batch 8
     # (its best on an 80 GB card), then ours at 3B batch 32 (weights first automatic) beside DeepSpeed ZeRO-3 offload
-    # at that batch, DeepSpeed given whatever time is left (its start-up alone takes ~160 s).
+    # at that batch (TARGET_3B_SHARES="default 0" adds a run without streamed updates), DeepSpeed given whatever time
+    # is left (its start-up alone takes ~160 s).
     start=$SECONDS
     build_gpu sliding_bench
     echo "build ok after $((SECONDS - start)) s"
@@ -290,8 +291,11 @@ case "$phase" in
     echo "ours llama-8b $b done after $((SECONDS - start)) s"
     peer_run fwdbwd llama-8b 8 100 3
     echo "fwdbwd llama-8b 8 done after $((SECONDS - start)) s"
-    SLIDE_WEIGHTS_FIRST=auto traced t-llama-3b-32-auto llama-3b 32 1024 6 2 cuda 1.0
-    echo "ours llama-3b 32 done after $((SECONDS - start)) s"
+    for share in ${TARGET_3B_SHARES:-default}; do  # default: the streamed share slided's jobs run with
+      [ "$share" = default ] && share=
+      SLIDE_DEVICE_UPDATE_SHARE=$share SLIDE_WEIGHTS_FIRST=auto traced "t-llama-3b-32-${share:-default}" llama-3b 32 1024 6 2 cuda 1.0
+      echo "ours llama-3b 32 share ${share:-default} done after $((SECONDS - start)) s"
+    done
     left=$(( ${TARGETS_BUDGET_S:-570} - (SECONDS - start) - 20 ))
     if [ $left -gt 150 ]; then
       install_deepspeed

@@ -13,7 +13,8 @@
 // SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
 // 0 on the CPU) on the device with their optimizer state, updated there.
 // SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
-// a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest.
+// a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest; default as
+// slided's GPU jobs: kDefaultDeviceUpdateShare on CUDA without the NVMe tier, none beside parked layer inputs.
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -127,8 +128,13 @@ int main(int argc, char** argv) {
   const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
                                     : device.is_cuda()                               ? "auto"
                                                                                      : "0";
+  // The share slided's GPU jobs stream unless SLIDE_DEVICE_UPDATE_SHARE says otherwise (then it is kept even beside
+  // parked layer inputs).
   const char* share_env = std::getenv("SLIDE_DEVICE_UPDATE_SHARE");
-  const double share = share_env != nullptr && *share_env != '\0' ? std::atof(share_env) : 0.0;
+  const double share = share_env != nullptr && *share_env != '\0' ? std::atof(share_env)
+                       : device.is_cuda() && nvme.mode == TierMode::kNone
+                           ? PlannedDeviceUpdateShare(kDefaultDeviceUpdateShare, ckpt == "host")
+                           : 0.0;
   if (share > 0) {  // the ring's device buffers are part of the plan (and of the room left for resident layers)
     SlidingOptions ring;
     ring.device_update_share = share;
@@ -263,7 +269,7 @@ int main(int argc, char** argv) {
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
       "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, \"resident_layers\": %lld, "
-      "\"device_update_share\": %.2f, "
+      "\"device_update_share\": %.2f, \"streamed_units\": %lld, "
       "\"max_grad_norm\": %.2f, "
       "\"steps\": %d, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
@@ -289,11 +295,11 @@ int main(int argc, char** argv) {
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, plan.checkpoints_on_host ? "true" : "false",
-      (long long)plan.resident_layers, so.device_update_share, max_grad_norm, steps, dev.c_str(), tokens / secs, tflops,
-      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
-      double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
-      sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
-      schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
+      (long long)plan.resident_layers, so.device_update_share, (long long)trainer.streamed_units(), max_grad_norm,
+      steps, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total,
+      (long long)plan.host_total, double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()),
+      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights,
+      wf.c_str(), weights_first_steps, schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
       schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
       (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
       HostHugePagesAvailable() ? "true" : "false", setup_s, FusedKernelsEnabled() ? "true" : "false",

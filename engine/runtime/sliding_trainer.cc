@@ -126,6 +126,7 @@ StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg
   request.weights_first = WeightsFirstAllowed(options);  // the ring is counted where it can be used
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
   options.window = plan.window;
+  options.device_update_share = PlannedDeviceUpdateShare(options.device_update_share, plan.checkpoints_on_host);
   // On the CPU the device is host memory: parking its layer inputs would only copy them.
   options.checkpoints_on_host = plan.checkpoints_on_host && options.train.device.is_cuda();
   options.device_budget_bytes = request.device_budget_bytes;
@@ -587,6 +588,8 @@ std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
 }
 
 // Held in host memory (not resident, streamed or on the NVMe tier): where the weights-only pass can run.
+int64_t SlidingTrainer::streamed_units() const { return std::count(streamed_.begin(), streamed_.end(), true); }
+
 bool SlidingTrainer::HostHeld(size_t unit) const { return !Resident(unit) && !Streamed(unit) && !OnTier(unit); }
 
 bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {

@@ -78,8 +78,17 @@ struct SlidingOptions {
 
 // The share GPU jobs stream (bf16, no NVMe tier). Measured on the H200 box (f2c8475): 3B batch 8 with 8 resident
 // layers 8,781 -> 9,604 tokens/s at 0.3 and 9,417 at 0.5; 8B batch 32 7,387 -> 7,392 at 0.3 and 6,820 at 0.5 (the
-// CPU and the copy engines share the host's memory bandwidth, which bounds the 8B update either way).
+// CPU and the copy engines share the host's memory bandwidth, which bounds the 8B update either way). With weights
+// first automatic on one H100 box (2c6f43c): 3B batch 8 8,556 -> 10,032, batch 32 15,721 -> 17,255; 8B batch 8
+// 3,220 -> 3,383.
 inline constexpr double kDefaultDeviceUpdateShare = 0.3;
+
+// The share a trainer built from a plan streams: none where the plan parks the layer inputs on the host. Their
+// copies cross the PCIe link both ways every step beside the streamed state, and there the share slowed the step
+// (8B batch 48, weights first automatic: 8,930 tokens/s without, 8,618 at 0.3; one H100 box, 2c6f43c).
+inline double PlannedDeviceUpdateShare(double requested, bool checkpoints_on_host) {
+  return checkpoints_on_host ? 0 : requested;
+}
 
 // Seconds each resource was busy in the last step: device compute / H2D / D2H from CUDA events (wall clock
 // when the device is the CPU), CPU update time measured inside the update tasks.
@@ -153,6 +162,7 @@ class SlidingTrainer {
   int64_t slot_loads() const { return slot_loads_; }              // host->device unit copies so far
   int64_t ring_loads() const { return ring_loads_; }              // of those, layers loaded from the weights-first ring
   int64_t edge_ring_chunks() const { return edge_ring_chunks_; }  // embedding and head chunks loaded from it
+  int64_t streamed_units() const;  // units updated on the device with their state streamed (device_update_share)
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 

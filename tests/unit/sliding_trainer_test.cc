@@ -666,5 +666,37 @@ TEST(SlidingTrainer, CreatePlansWithinBudgetAndRefusesWhatCannotFit) {
   EXPECT_THROW(trainer->Step({{big, big}}), c10::Error);  // 64 tokens > the planned 32
 }
 
+// A trainer built from a plan streams its share only while the plan keeps the layer inputs on the device: parked
+// inputs and streamed state would share the PCIe link (slower at 8B batch 48; PlannedDeviceUpdateShare).
+TEST(SlidingTrainer, CreateStreamsNothingWhereThePlanParksLayerInputs) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
+  for (CheckpointPlacement where : {CheckpointPlacement::kDevice, CheckpointPlacement::kHost}) {
+    PlanRequest r;
+    r.micro_batch = 2;
+    r.seq_len = 16;
+    r.device_reserved_bytes = 0;
+    r.device_budget_bytes = 64 << 20;
+    r.checkpoints = where;
+    SlidingOptions so{.train = o};
+    so.device_update_share = 0.5;
+    so.device_update_chunk = 1000;
+    MemoryPlan plan;
+    auto trainer = testing::ValueOrDie(
+        SlidingTrainer::Create(cfg, params.To(at::TensorOptions().dtype(at::kFloat)), so, r, &plan));
+    const bool parked = where == CheckpointPlacement::kHost;
+    EXPECT_EQ(plan.checkpoints_on_host, parked);
+    EXPECT_EQ(trainer->streamed_units(), parked ? 0 : 2);  // half of the 4 host layers
+    double streamed_seconds = 0;
+    for (int64_t s = 0; s < 2; ++s) {
+      trainer->Step(Batch(s, 1, cfg.vocab_size, c10::Device(c10::kCPU)));
+      streamed_seconds += trainer->last_busy().device_update;
+    }
+    EXPECT_EQ(streamed_seconds > 0, !parked);
+  }
+}
+
 }  // namespace
 }  // namespace slide
