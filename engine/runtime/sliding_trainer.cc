@@ -193,8 +193,8 @@ void SlidingTrainer::Init() {
   }
   auto host_zeros = [&](size_t u) {
     const int64_t numel = layout_.units[u].numel;
-    return Streamed(u) ? queue_->AllocateHost(numel, at::kFloat).zero_()
-                       : HostArray(numel, at::kFloat, opts_.host_huge_pages);
+    return StreamCapable(u) ? queue_->AllocateHost(numel, at::kFloat).zero_()
+                            : HostArray(numel, at::kFloat, opts_.host_huge_pages);
   };
   unit_sqnorm_.assign(n_units, 0.0);
   for (auto* v :
@@ -213,7 +213,7 @@ void SlidingTrainer::Init() {
     }
     // The loaded master moves, one unit at a time, into a page-locked buffer (streamed) or its own mapping (huge
     // pages unless turned off).
-    if (Streamed(u)) {
+    if (StreamCapable(u)) {
       at::Tensor master = queue_->AllocateHost(layout_.units[u].numel, at::kFloat);
       master_.units[u] = master.copy_(master_.units[u]);
     } else if (!master_on_disk(u)) {
@@ -254,11 +254,17 @@ void SlidingTrainer::Init() {
   edge_chunks_max_ = (std::max(layout_.embed().numel, layout_.head().numel) + slot_numel - 1) / slot_numel;
   // Each unit's whole update, each unit's weights-only pass, each edge chunk's weights-only pass.
   worker_ = std::make_unique<UpdateWorker>(2 * n_units + 2 * edge_chunks_max_);
+  on_stream_worker_.assign(2 * n_units + 2 * edge_chunks_max_, false);
   ring_ticket_.assign(layout_.num_layers(), -1);
   // The weights-first ring is page-locked here, where the plan counted it, rather than in the first step that goes
   // weights first (pinning ~1.3 GiB at 8B takes a good part of a second of that step).
   bool may_go_weights_first = false;
-  for (size_t u = 0; u < n_units; ++u) may_go_weights_first = may_go_weights_first || WeightsFirstEligible(u);
+  int64_t cpu_numel = 0, streamed_numel = 0;
+  for (size_t u = 0; u < n_units; ++u) {
+    may_go_weights_first = may_go_weights_first || WeightsFirstEligible(u);  // streamed layers are eligible here
+    if (!Resident(u) && !OnTier(u)) (StreamCapable(u) ? streamed_numel : cpu_numel) += layout_.units[u].numel;
+  }
+  if (cpu_numel > 0) streamed_cpu_scale_ = double(cpu_numel + streamed_numel) / double(cpu_numel);
   if (WeightsFirstAllowed(opts_) && may_go_weights_first && dtype == c10::kBFloat16 && opts_.train.max_grad_norm > 0)
     MakeWeightRing();
 }
@@ -330,7 +336,7 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
     WaitForUnit(1 + layer, "load");
     // A streamed update was enqueued by now (its worker is idle for the unit); the copy waits for its write-back.
     queue_->LoadSlot(static_cast<int>(w), SlotView(layer), staging_[1 + layer],
-                     Streamed(1 + layer) ? static_cast<int64_t>(1 + layer) : -1);
+                     on_stream_worker_[1 + layer] ? static_cast<int64_t>(1 + layer) : -1);
   }
   slot_layer_[w] = layer;
   slot_version_[w] = weights_version_;
@@ -454,10 +460,10 @@ void SlidingTrainer::LandGrad(size_t unit, const at::Tensor& device_grad, bool f
   at::Tensor landing = LandingBuffer(unit);
   auto landed = queue_->Offload(landing, device_grad);
   if (!accumulate) {
-    WorkerFor(unit).Post(unit, std::move(landed));
+    PostWorker(unit).Post(unit, std::move(landed));
     return;
   }
-  WorkerFor(unit).Post(unit, [this, unit, first, last, landing, landed] {
+  PostWorker(unit).Post(unit, [this, unit, first, last, landing, landed] {
     landed();
     const int64_t t0 = NowNs();
     if (first) {
@@ -554,12 +560,12 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     for (const auto& spec : layout_.units[unit].params) {
       update.ranges.push_back({spec.offset, spec.numel, ParamArgs(spec, unit_args)});
     }
-    stream_worker_->Post(unit, [this, unit, update = std::move(update)] { queue_->StreamUpdate(unit, update); });
+    PostWorker(unit).Post(unit, [this, unit, update = std::move(update)] { queue_->StreamUpdate(unit, update); });
     return;
   }
   const at::Tensor grad = accum_ > 1 ? grad_accum_[unit] : LandingBuffer(unit);
   if (OnTier(unit)) tier_->Schedule(tier_index_[unit]);  // its state starts coming in now, in update order
-  worker_->Post(unit, [this, unit, args = unit_args, grad] {
+  PostWorker(unit).Post(unit, [this, unit, args = unit_args, grad] {
     const int64_t t0 = NowNs();
     int64_t io_waited = 0;
     if (!OnTier(unit)) {
@@ -587,10 +593,16 @@ std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
   return "weights " + std::to_string(unit) + (chunk >= 0 ? "." + std::to_string(chunk) : "");
 }
 
-// Held in host memory (not resident, streamed or on the NVMe tier): where the weights-only pass can run.
+UpdateWorker& SlidingTrainer::PostWorker(size_t unit) {
+  on_stream_worker_[unit] = Streamed(unit);
+  return WorkerFor(unit);
+}
+
 int64_t SlidingTrainer::streamed_units() const { return std::count(streamed_.begin(), streamed_.end(), true); }
 
-bool SlidingTrainer::HostHeld(size_t unit) const { return !Resident(unit) && !Streamed(unit) && !OnTier(unit); }
+// Held in host memory (not resident or on the NVMe tier; a streamed unit's state is too): where the weights-only
+// pass can run.
+bool SlidingTrainer::HostHeld(size_t unit) const { return !Resident(unit) && !OnTier(unit); }
 
 bool SlidingTrainer::WeightsFirstEligible(size_t unit) const {
   return unit >= 1 && unit <= static_cast<size_t>(layout_.num_layers()) && HostHeld(unit);
@@ -626,7 +638,7 @@ bool SlidingTrainer::ChooseWeightsFirst() {
 void SlidingTrainer::PostUpdates(double lr, float grad_scale) {
   const size_t n_units = layout_.units.size(), head = n_units - 1;
   std::vector<size_t> early;  // the layers of a weights-first round
-  if (ChooseWeightsFirst()) {
+  if (weights_first_step_) {
     for (size_t u = 0; u < n_units; ++u)
       if (WeightsFirstEligible(u)) early.push_back(u);
   }
@@ -776,6 +788,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   updates_posted_ = false;
   const int64_t step_start_ns = NowNs();
   busy_ = ResourceBusy{};
+  // The schedule of the updates this step posts, chosen before its gradients land: a streamed unit's gradient goes
+  // to the worker that will update it.
+  weights_first_step_ = opts_.train.max_grad_norm > 0 && ChooseWeightsFirst();
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
   ScopedTimer step_timer(busy_.step);
@@ -787,9 +802,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   if (accum_ > 1 && grad_accum_.empty()) {  // built whole before it is kept: a failed allocation leaves none
     std::vector<at::Tensor> sums;
     for (size_t u = 0; u < layout_.units.size(); ++u)
-      sums.push_back(Resident(u)   ? at::Tensor()
-                     : Streamed(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
-                                   : HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages));
+      sums.push_back(Resident(u)        ? at::Tensor()
+                     : StreamCapable(u) ? queue_->AllocateHost(layout_.units[u].numel, at::kFloat)  // copied up
+                                        : HostArray(layout_.units[u].numel, at::kFloat, opts_.host_huge_pages));
     grad_accum_ = std::move(sums);
   }
 
@@ -910,7 +925,8 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
   weights_first_policy_.Record({.step_s = (NowNs() - step_start_ns) / 1e9,
                                 .compute_s = busy_.compute,
-                                .cpu_update_s = busy_.cpu_update,  // mostly the updates the last step posted
+                                // mostly the updates the last step posted; as if all ran on the CPU
+                                .cpu_update_s = busy_.cpu_update * (ran_weights_first ? 1 : streamed_cpu_scale_),
                                 .ran_updates = ran_updates,
                                 .ran_weights_first = ran_weights_first});
   busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;

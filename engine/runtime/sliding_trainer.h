@@ -65,11 +65,14 @@ struct SlidingOptions {
   // Of the layers left on the host, this share (spread evenly over them in forward order) is updated on the
   // device: chunks of the fp32 state and the gradient stream up, the AdamW kernel runs, the results stream back,
   // while the CPU updates the others, so the copy engines add their bandwidth to the CPU's. bf16 compute, no NVMe
-  // tier. 0: every host unit updates on the CPU.
+  // tier. 0: every host unit updates on the CPU. Only in whole-update steps: a step going weights first updates
+  // them on the CPU (one H100 box, 3B batch 32: the streamed state's copies took host memory bandwidth from the
+  // weights-only passes the next forward waits on, 1.731 s a weights-first step against 1.590 s without streaming).
   double device_update_share = 0;
   int64_t device_update_chunk = int64_t(2) << 20;  // elements per ring buffer (3 buffers, 18 bytes per element)
   int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
-  // Layers eligible: host-held (not resident, streamed or on the NVMe tier); bf16 compute with clipping only.
+  // Layers eligible: host-held (not resident or on the NVMe tier; streamed layers join, updated on the CPU in such
+  // steps); bf16 compute with clipping only.
   WeightsFirst weights_first = WeightsFirst::kAuto;
   // The host-held fp32 master, moments and gradient sums in their own mappings (HostArray), advised for
   // transparent huge pages; off: advised against them (small pages even where THP is "always").
@@ -162,7 +165,10 @@ class SlidingTrainer {
   int64_t slot_loads() const { return slot_loads_; }              // host->device unit copies so far
   int64_t ring_loads() const { return ring_loads_; }              // of those, layers loaded from the weights-first ring
   int64_t edge_ring_chunks() const { return edge_ring_chunks_; }  // embedding and head chunks loaded from it
-  int64_t streamed_units() const;  // units updated on the device with their state streamed (device_update_share)
+  int64_t streamed_units() const;  // units whose update streams through the device in whole-update steps
+  // The schedule from the next step on (tests alternate schedules with it); weights first needs a trainer made
+  // with it allowed (its ring).
+  void set_weights_first(WeightsFirst mode) { opts_.weights_first = mode; }
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 
@@ -212,8 +218,15 @@ class SlidingTrainer {
   at::Tensor* HostState(int kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
   bool OnTier(size_t unit) const { return tier_ && tier_index_[unit] >= 0; }
   bool Resident(size_t unit) const { return unit >= 1 && unit <= static_cast<size_t>(opts_.resident_layers); }
-  bool Streamed(size_t unit) const { return unit < streamed_.size() && streamed_[unit]; }
-  UpdateWorker& WorkerFor(size_t unit) { return Streamed(unit) ? *stream_worker_ : *worker_; }
+  // A unit whose state streams (device_update_share) is updated through the device in whole-update steps only: a
+  // step going weights first updates it on the CPU with the other host layers (StreamCapable: its state is
+  // page-locked either way).
+  bool StreamCapable(size_t unit) const { return unit < streamed_.size() && streamed_[unit]; }
+  bool Streamed(size_t unit) const { return StreamCapable(unit) && !weights_first_step_; }
+  // The worker holding the unit's latest task (a streamed unit's moves between the two with the step's schedule),
+  // and the one a new task of this step goes to (which then holds the latest).
+  UpdateWorker& WorkerFor(size_t unit) { return on_stream_worker_[unit] ? *stream_worker_ : *worker_; }
+  UpdateWorker& PostWorker(size_t unit);
   void WaitAllWorkers();
   void LandResidentGrad(size_t unit, const at::Tensor& device_grad, bool first, bool last);
   void UpdateResident(size_t unit, const AdamWStepArgs& args);
@@ -277,6 +290,9 @@ class SlidingTrainer {
   // them (so they never queue behind CPU updates).
   std::vector<bool> streamed_;
   std::unique_ptr<UpdateWorker> stream_worker_;
+  std::vector<bool> on_stream_worker_;  // by unit (and worker id): its latest task went to stream_worker_
+  bool weights_first_step_ = false;     // this step's updates go weights first (chosen before its gradients land)
+  double streamed_cpu_scale_ = 1;       // CPU update elements going weights first / in a whole update that streams
   std::atomic<int64_t> update_ns_{0};
   std::atomic<int64_t> weights_only_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};

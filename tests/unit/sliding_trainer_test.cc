@@ -391,7 +391,8 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
 // Weights first changes which pass writes the next forward's weights and where they wait (a weights-only pass into
 // the ring, the whole update behind it), not the arithmetic: losses, norms, every master weight and both moments
 // are identical to the whole update's, with one and two slots, accumulation, layers parked on the host, and beside
-// resident, streamed and NVMe-tiered layers (which never go weights first), through an evaluation between steps,
+// resident and NVMe-tiered layers (which never go weights first) and streamed ones (which go weights first on the
+// CPU, streaming only in whole-update steps), through an evaluation between steps,
 // a checkpoint's wait (the ring is cancelled, and training goes on from staging) and a restore.
 TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   ModelFixture fx = ModelFixture::Load("llama3");
@@ -407,7 +408,7 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     int64_t eligible = 4;  // layers that go weights first
   };
   for (const Variant& v : {Variant{1, 1}, Variant{2, 2}, Variant{2, 1, true}, Variant{1, 1, false, 1, 0, 0, 3},
-                           Variant{2, 2, false, 0, 0.5, 0, 2}, Variant{1, 1, false, 0, 0, 2, 2}}) {
+                           Variant{2, 2, false, 0, 0.5, 0, 4}, Variant{1, 1, false, 0, 0, 2, 2}}) {
     SCOPED_TRACE("window " + std::to_string(v.window) + " accum " + std::to_string(v.accum) + " parked " +
                  std::to_string(v.parked) + " resident " + std::to_string(v.resident) + " streamed " +
                  std::to_string(v.streamed) + " nvme layers " + std::to_string(v.nvme_layers));
@@ -426,8 +427,11 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     whole.weights_first = WeightsFirst::kOff;
     first.weights_first = WeightsFirst::kOn;
     SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
+    double a_streamed = 0, b_streamed = 0;
     for (int64_t s = 0; s < 6; ++s) {
       StepAlike(a, b, s, v.accum, cfg.vocab_size);
+      a_streamed += a.last_busy().device_update;
+      b_streamed += b.last_busy().device_update;
       EXPECT_FALSE(a.last_busy().weights_first);
       EXPECT_EQ(b.last_busy().weights_first, v.eligible > 0);
       if (s == 1) {  // the evaluation's forward reads the ring
@@ -443,7 +447,43 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     // and 4 (after the evaluation took the ring, after the wait cancelled it) loaded from staging.
     EXPECT_EQ(a.ring_loads(), 0);
     EXPECT_EQ(b.ring_loads(), 4 * v.eligible);
+    EXPECT_EQ(a_streamed > 0, v.streamed > 0);
+    EXPECT_EQ(b_streamed, 0);  // every step went weights first
     ExpectSameStateAndRestore(a, b, cfg, params, first, v.accum);
+  }
+}
+
+// A streamed layer's update moves with the schedule: through the device in whole-update steps, on the CPU in
+// weights-first ones, its gradient landing with the worker that will update it. Schedules alternating step by step
+// (and repeating) give the state of the whole update on the CPU alone, with and without accumulation.
+TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
+  for (int64_t accum : {1, 2}) {
+    SCOPED_TRACE("accum " + std::to_string(accum));
+    SlidingOptions host{.train = o, .window = 2};
+    host.weights_first = WeightsFirst::kOff;
+    SlidingOptions mixed = host;
+    mixed.weights_first = WeightsFirst::kOn;  // the ring is made where a step may go weights first
+    mixed.device_update_share = 0.5;
+    mixed.device_update_chunk = 1000;
+    SlidingTrainer a(cfg, params, host), b(cfg, params, mixed);
+    EXPECT_EQ(b.streamed_units(), 2);
+    const WeightsFirst schedule[] = {WeightsFirst::kOn,  WeightsFirst::kOff, WeightsFirst::kOn, WeightsFirst::kOn,
+                                     WeightsFirst::kOff, WeightsFirst::kOff, WeightsFirst::kOn};
+    double streamed = 0;
+    int64_t weights_first_steps = 0;
+    for (int64_t s = 0; s < 7; ++s) {
+      b.set_weights_first(schedule[s]);
+      StepAlike(a, b, s, accum, cfg.vocab_size);
+      streamed += b.last_busy().device_update;
+      weights_first_steps += b.last_busy().weights_first;
+    }
+    EXPECT_GT(streamed, 0);
+    EXPECT_EQ(weights_first_steps, 4);
+    ExpectSameStateAndRestore(a, b, cfg, params, mixed, accum);
   }
 }
 
