@@ -593,6 +593,12 @@ std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
   return "weights " + std::to_string(unit) + (chunk >= 0 ? "." + std::to_string(chunk) : "");
 }
 
+void SlidingTrainer::set_weights_first(WeightsFirst mode) {
+  TORCH_CHECK(mode != WeightsFirst::kOn || weight_ring_,
+              "weights first needs a trainer made with it allowed: its ring is made there");
+  opts_.weights_first = mode;
+}
+
 UpdateWorker& SlidingTrainer::PostWorker(size_t unit) {
   on_stream_worker_[unit] = Streamed(unit);
   return WorkerFor(unit);
@@ -790,7 +796,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_ = ResourceBusy{};
   // The schedule of the updates this step posts, chosen before its gradients land: a streamed unit's gradient goes
   // to the worker that will update it.
-  weights_first_step_ = opts_.train.max_grad_norm > 0 && ChooseWeightsFirst();
+  weights_first_step_ = opts_.train.max_grad_norm > 0 && weight_ring_ && ChooseWeightsFirst();
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
   ScopedTimer step_timer(busy_.step);

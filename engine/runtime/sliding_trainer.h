@@ -168,7 +168,7 @@ class SlidingTrainer {
   int64_t streamed_units() const;  // units whose update streams through the device in whole-update steps
   // The schedule from the next step on (tests alternate schedules with it); weights first needs a trainer made
   // with it allowed (its ring).
-  void set_weights_first(WeightsFirst mode) { opts_.weights_first = mode; }
+  void set_weights_first(WeightsFirst mode);
   int64_t pinned_bytes() const { return queue_->pinned_bytes(); }  // page-locked host memory (CUDA)
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 

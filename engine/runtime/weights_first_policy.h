@@ -33,7 +33,7 @@ class WeightsFirstPolicy {
   explicit WeightsFirstPolicy(Options options) : options_(options) {}
 
   void Record(const Sample& s);  // after each step
-  bool Choose();                 // before posting a step's updates: do they go weights first?
+  bool Choose();                 // at a step's start: do the updates it posts go weights first?
 
   // Step time per second of device compute by schedule (0: whole update, 1: weights first), once measured.
   std::optional<double> cost(bool weights_first) const { return cost_[weights_first]; }

@@ -471,6 +471,7 @@ TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
     mixed.device_update_chunk = 1000;
     SlidingTrainer a(cfg, params, host), b(cfg, params, mixed);
     EXPECT_EQ(b.streamed_units(), 2);
+    EXPECT_THROW(a.set_weights_first(WeightsFirst::kOn), c10::Error);  // made without the ring
     const WeightsFirst schedule[] = {WeightsFirst::kOn,  WeightsFirst::kOff, WeightsFirst::kOn, WeightsFirst::kOn,
                                      WeightsFirst::kOff, WeightsFirst::kOff, WeightsFirst::kOn};
     double streamed = 0;
@@ -483,6 +484,7 @@ TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
     }
     EXPECT_GT(streamed, 0);
     EXPECT_EQ(weights_first_steps, 4);
+    EXPECT_EQ(b.ring_loads(), 3 * 4);  // the forwards of steps 1, 3 and 4 loaded every layer (streamed ones too)
     ExpectSameStateAndRestore(a, b, cfg, params, mixed, accum);
   }
 }
