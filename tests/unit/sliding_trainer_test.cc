@@ -63,6 +63,9 @@ struct Case {
   int64_t resident = 0;  // layers kept on the device with their optimizer state
   double streamed = 0;   // share of the host layers updated on the device (chunks of 1000 elements)
   WeightsFirst weights_first = WeightsFirst::kAuto;
+  // Weights first by step (s % 4: on, off, off, on; made with kOn): every change of schedule, streamed layers moving
+  // between the device's update and the CPU's.
+  bool alternate_schedule = false;
 };
 
 // The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
@@ -131,6 +134,8 @@ void RunEquivalence(const Case& c, c10::Device device) {
   double worst_loss = 0, worst_norm = 0, mean_norm = 0, early = 0;
   for (int64_t s = 0; s < 20; ++s) {
     auto mbs = Batch(s, c.accum, cfg.vocab_size, device);
+    if (c.alternate_schedule)
+      slide.set_weights_first(s % 4 == 1 || s % 4 == 2 ? WeightsFirst::kOff : WeightsFirst::kOn);
     StepStats a = ref.Step(mbs), b = slide.Step(mbs);
     EXPECT_EQ(a.step, b.step);
     EXPECT_EQ(a.lr, b.lr);
@@ -606,6 +611,19 @@ TEST(SlidingTrainer, EqualsReferenceWithStreamedUpdates_CUDA) {
   RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5}, c10::Device(c10::kCUDA, 0));
   RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 0.0, TierMode::kNone, 1, 1.0}, c10::Device(c10::kCUDA, 0));
   RunEquivalence({"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 0, 1.0}, c10::Device(c10::kCUDA, 0));
+}
+
+TEST(SlidingTrainer, EqualsReferenceStreamedWithAlternatingSchedules) {
+  RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5, WeightsFirst::kOn, true},
+                 c10::Device(c10::kCPU));
+}
+
+TEST(SlidingTrainer, EqualsReferenceStreamedWithAlternatingSchedules_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  RunEquivalence({"llama3", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5, WeightsFirst::kOn, true},
+                 c10::Device(c10::kCUDA, 0));
+  RunEquivalence({"qwen3", c10::kBFloat16, 2, 1, 1.0, TierMode::kNone, 1, 1.0, WeightsFirst::kOn, true},
+                 c10::Device(c10::kCUDA, 0));
 }
 
 TEST(SlidingTrainer, EqualsReferenceWithResidentLayers_CUDA) {
