@@ -225,8 +225,12 @@ case "$phase" in
     # SHAPES (default 1B and 3B) picks the shapes: e.g. SHAPES=llama-8b (each 8B peer run takes about 3 minutes);
     # PEERS a subset of "ours plain fwdbwd fsdp2 deepspeed"; no run starts after PEER_BUDGET_S (default 480) seconds;
     # PEER_RUNS="peer:shape:batch ..." lists the runs instead (e.g. leaving out a peer that cannot fit a batch)
+    # BATCH may list several; "critical" is the batch at which our step hides the clipped update (measured: 48 at 8B
+    # with the layer inputs parked, 32 at 1B and 3B): BATCH="8 critical" is the whole matrix, e.g. on one's
+    # own box: SHAPES="llama-1b llama-3b llama-8b" BATCH="8 critical" PEER_BUDGET_S=36000 bench/run_gpu.sh peers.
     specs=(); for shape in ${SHAPES:-llama-1b llama-3b}; do
-      for batch in ${BATCH:-8}; do  # BATCH may list several, e.g. "8 32" for batch 8 and the critical batch
+      for batch in ${BATCH:-8}; do
+        [ "$batch" = critical ] && { batch=32; [[ "$shape" == llama-8b* ]] && batch=48; }
         for peer in ${PEERS:-ours plain fwdbwd fsdp2 deepspeed}; do specs+=("$peer $shape $batch"); done; done; done
     [ -n "${PEER_RUNS:-}" ] && { specs=(); for r in $PEER_RUNS; do specs+=("${r//:/ }"); done; }
     [[ " ${specs[*]} " == *deepspeed* ]] && install_deepspeed
@@ -236,7 +240,8 @@ case "$phase" in
       # Per run: PEER_TIMEOUT_S, else 170 s (8B: 420 s; building and offloading an 8B model on the host takes
       # minutes).
       limit=${PEER_TIMEOUT_S:-170}; [ -z "${PEER_TIMEOUT_S:-}" ] && [[ "$2" == llama-8b* ]] && limit=420
-      if [ "$1" = ours ]; then run $limit build-gpu/bench/sliding_bench "$2" "$3" 1024 3 2 cuda 1.0
+      # Ours: 6 timed steps, so the automatic weights-first choice has measured both schedules and settled.
+      if [ "$1" = ours ]; then run $limit build-gpu/bench/sliding_bench "$2" "$3" 1024 6 2 cuda 1.0
       else
         peer_run "$1" "$2" "$3" "$limit" 3
       fi

@@ -15,6 +15,7 @@
 // SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
 // a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest; default as
 // slided's GPU jobs: kDefaultDeviceUpdateShare on CUDA without the NVMe tier, none beside parked layer inputs.
+// SLIDE_CHECKPOINTS=auto|device|host: where layer inputs wait for the backward (auto: the planner's choice).
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -101,14 +102,17 @@ int main(int argc, char** argv) {
   plan_request.lm_head_chunk_tokens = 4096;
   plan_request.window = window;
   // SLIDE_CHECKPOINTS=host parks each layer's input in pinned host memory, so batches whose inputs would not fit
-  // beside the window in the budget run (the critical batch under exact clipping); default device.
+  // beside the window in the budget run (the critical batch under exact clipping); device keeps them there; auto
+  // (the default, as slided's jobs) lets the planner choose within the 24 GiB budget: the device where they fit.
   const char* ckpt_env = std::getenv("SLIDE_CHECKPOINTS");
-  const std::string ckpt = ckpt_env != nullptr && *ckpt_env != '\0' ? ckpt_env : "device";
-  if (ckpt != "device" && ckpt != "host") {
-    std::fprintf(stderr, "sliding_bench: SLIDE_CHECKPOINTS must be device or host, got '%s'\n", ckpt.c_str());
+  const std::string ckpt = ckpt_env != nullptr && *ckpt_env != '\0' ? ckpt_env : "auto";
+  if (ckpt != "auto" && ckpt != "device" && ckpt != "host") {
+    std::fprintf(stderr, "sliding_bench: SLIDE_CHECKPOINTS must be auto, device or host, got '%s'\n", ckpt.c_str());
     return 2;
   }
-  plan_request.checkpoints = ckpt == "host" ? CheckpointPlacement::kHost : CheckpointPlacement::kDevice;
+  plan_request.checkpoints = ckpt == "host"     ? CheckpointPlacement::kHost
+                             : ckpt == "device" ? CheckpointPlacement::kDevice
+                                                : CheckpointPlacement::kAuto;
   plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
   plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
   plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
@@ -131,15 +135,27 @@ int main(int argc, char** argv) {
   // The share slided's GPU jobs stream unless SLIDE_DEVICE_UPDATE_SHARE says otherwise (then it is kept even beside
   // parked layer inputs).
   const char* share_env = std::getenv("SLIDE_DEVICE_UPDATE_SHARE");
-  const double share = share_env != nullptr && *share_env != '\0' ? std::atof(share_env)
-                       : device.is_cuda() && nvme.mode == TierMode::kNone
-                           ? PlannedDeviceUpdateShare(kDefaultDeviceUpdateShare, ckpt == "host")
-                           : 0.0;
-  if (share > 0) {  // the ring's device buffers are part of the plan (and of the room left for resident layers)
-    SlidingOptions ring;
+  const bool share_given = share_env != nullptr && *share_env != '\0';
+  double share = share_given                                        ? std::atof(share_env)
+                 : device.is_cuda() && nvme.mode == TierMode::kNone ? kDefaultDeviceUpdateShare
+                                                                    : 0.0;
+  auto count_streamed_ring = [&] {  // the ring's device buffers are part of the plan (and of the room left for
+    SlidingOptions ring;            // resident layers)
     ring.device_update_share = share;
     ring.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", ring.device_update_chunk);
     plan_request.streamed_ring_bytes = ring.DeviceUpdateRingBytes();
+  };
+  count_streamed_ring();
+  if (plan_request.checkpoints == CheckpointPlacement::kAuto) {  // the planner's choice within the budget
+    PlanRequest r = plan_request;
+    r.device_budget_bytes = gpu_budget;
+    auto chosen = PlanMemory(r);
+    plan_request.checkpoints =
+        chosen.ok() && chosen->checkpoints_on_host ? CheckpointPlacement::kHost : CheckpointPlacement::kDevice;
+  }
+  if (!share_given) {  // as a job's trainer: nothing streams beside parked layer inputs
+    share = PlannedDeviceUpdateShare(share, plan_request.checkpoints == CheckpointPlacement::kHost);
+    count_streamed_ring();
   }
   if (resident_mode == "auto") {
     PlanRequest r = plan_request;
