@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   SlidingTrainer trainer(cfg, std::move(init), so);
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
-  // The tier's traffic from here on: steps + 1 update passes (the warm-up's included), all drained at the end.
+  // The tier's traffic from here on: steps + warm-up update passes, all drained at the end.
   const int64_t nvme_read0 = trainer.tier() ? trainer.tier()->store().bytes_read() : 0;
   const int64_t nvme_written0 = trainer.tier() ? trainer.tier()->store().bytes_written() : 0;
 
@@ -221,8 +221,15 @@ int main(int argc, char** argv) {
   auto since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
   };
-  trainer.Step(batch_for(0));  // warm-up: allocator, cuBLAS handles, first updates
-  std::fprintf(stderr, "sliding_bench: warm-up step done at %.1f s\n", since_start());
+  // Warm-up: allocator, cuBLAS handles, first updates, then until the automatic weights-first choice has measured
+  // both schedules (a job is past that after its first few steps; at most SLIDE_WARMUP_STEPS, default 6).
+  const int64_t max_warmup = std::max<int64_t>(1, env_int("SLIDE_WARMUP_STEPS", 6));
+  int64_t warmup = 0;
+  do {
+    trainer.Step(batch_for(warmup == 0 ? 0 : steps + warmup));  // seeds apart from the timed steps' 1..steps
+    ++warmup;
+  } while (warmup < max_warmup && !trainer.schedule_settled());
+  std::fprintf(stderr, "sliding_bench: %lld warm-up steps done at %.1f s\n", (long long)warmup, since_start());
   const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
   int weights_first_steps = 0;  // timed steps whose updates went weights first
@@ -275,10 +282,11 @@ int main(int argc, char** argv) {
   sum.device_update /= steps;
   sum.cpu_update_weights /= steps;
   // Bytes per update pass; the rate as `steps` passes over the timed wall time (the last step's drain included,
-  // the warm-up pass's tail overlapping the first timed step).
-  const double nvme_read = trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + 1) : 0;
+  // the last warm-up pass's tail overlapping the first timed step).
+  const double nvme_read =
+      trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + warmup) : 0;
   const double nvme_written =
-      trainer.tier() ? double(trainer.tier()->store().bytes_written() - nvme_written0) / (steps + 1) : 0;
+      trainer.tier() ? double(trainer.tier()->store().bytes_written() - nvme_written0) / (steps + warmup) : 0;
   sum.step = secs / steps;  // mean Step() time
   const char* bound = sum.Bound();
   std::printf(
@@ -287,7 +295,7 @@ int main(int argc, char** argv) {
       "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, \"resident_layers\": %lld, "
       "\"device_update_share\": %.2f, \"streamed_units\": %lld, "
       "\"max_grad_norm\": %.2f, "
-      "\"steps\": %d, \"device\": \"%s\", "
+      "\"steps\": %d, \"warmup_steps\": %lld, \"device\": \"%s\", "
       "\"tokens_per_s\": %.1f, "
       "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
       "\"planned_gpu_bytes\": %lld, "
@@ -312,12 +320,12 @@ int main(int argc, char** argv) {
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
       (long long)batch, (long long)seq, (long long)window, plan.checkpoints_on_host ? "true" : "false",
       (long long)plan.resident_layers, so.device_update_share, (long long)trainer.streamed_units(), max_grad_norm,
-      steps, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total,
-      (long long)plan.host_total, double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()),
-      sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights,
-      wf.c_str(), weights_first_steps, schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
-      schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
-      (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
+      steps, (long long)warmup, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev,
+      (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()), peak_after_setup,
+      double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update,
+      sum.cpu_update_weights, wf.c_str(), weights_first_steps, schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0,
+      schedule_n[0], schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1],
+      (long long)trainer.ring_loads(), (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
       HostHugePagesAvailable() ? "true" : "false", setup_s, FusedKernelsEnabled() ? "true" : "false",
       TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
       nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,

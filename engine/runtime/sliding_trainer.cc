@@ -593,6 +593,12 @@ std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
   return "weights " + std::to_string(unit) + (chunk >= 0 ? "." + std::to_string(chunk) : "");
 }
 
+bool SlidingTrainer::schedule_settled() const {
+  const bool automatic = opts_.weights_first == WeightsFirst::kAuto && on_cuda_ && weight_ring_ &&
+                         opts_.train.compute_dtype == c10::kBFloat16 && opts_.train.max_grad_norm > 0;
+  return !automatic || weights_first_policy_.Settled();
+}
+
 void SlidingTrainer::set_weights_first(WeightsFirst mode) {
   TORCH_CHECK(mode != WeightsFirst::kOn || weight_ring_,
               "weights first needs a trainer made with it allowed: its ring is made there");

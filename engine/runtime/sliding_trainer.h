@@ -166,6 +166,9 @@ class SlidingTrainer {
   int64_t ring_loads() const { return ring_loads_; }              // of those, layers loaded from the weights-first ring
   int64_t edge_ring_chunks() const { return edge_ring_chunks_; }  // embedding and head chunks loaded from it
   int64_t streamed_units() const;  // units whose update streams through the device in whole-update steps
+  // The schedule no longer changes but for the automatic choice's reprobes: fixed by the options, or the policy
+  // has measured what it needed.
+  bool schedule_settled() const;
   // The schedule from the next step on (tests alternate schedules with it); weights first needs a trainer made
   // with it allowed (its ring).
   void set_weights_first(WeightsFirst mode);

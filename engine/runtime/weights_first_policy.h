@@ -35,6 +35,10 @@ class WeightsFirstPolicy {
   void Record(const Sample& s);  // after each step
   bool Choose();                 // at a step's start: do the updates it posts go weights first?
 
+  // Both schedules measured, or weights first ruled out by the whole update's CPU time: what follows is the chosen
+  // schedule (until a reprobe). A benchmark warms up until then, as a job is past it after its first steps.
+  bool Settled() const { return cost_[0].has_value() && (cost_[1].has_value() || !MayWin()); }
+
   // Step time per second of device compute by schedule (0: whole update, 1: weights first), once measured.
   std::optional<double> cost(bool weights_first) const { return cost_[weights_first]; }
 

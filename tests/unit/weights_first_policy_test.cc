@@ -47,6 +47,30 @@ TEST(WeightsFirstPolicy, MeasuresTheWholeUpdateFirstThenKeepsTheFasterSchedule) 
   for (size_t i = 8; i < ran.size(); ++i) EXPECT_TRUE(ran[i]) << "step " << i;
 }
 
+// Settled once both schedules were measured (or weights first was ruled out), not before: the step after the switch
+// to weights first is discarded, so it takes a clean weights-first step.
+TEST(WeightsFirstPolicy, SettlesOnceBothSchedulesAreMeasured) {
+  int settled_at = -1;
+  for (int n = 1; n <= 20 && settled_at < 0; ++n) {
+    WeightsFirstPolicy policy;
+    RunJob(policy, Job{}, n);
+    if (policy.Settled()) settled_at = n;
+  }
+  // The first step runs no updates, the second's are not clean, the third measures the whole update, the fourth runs
+  // the switch, the fifth measures weights first.
+  EXPECT_EQ(settled_at, 5);
+  WeightsFirstPolicy policy;
+  RunJob(policy, Job{}, settled_at);
+  EXPECT_TRUE(policy.cost(false).has_value());
+  EXPECT_TRUE(policy.cost(true).has_value());
+  WeightsFirstPolicy whole_only;  // the CPU update could not fit both passes in the step
+  Job slow_cpu;
+  slow_cpu.cpu_update_s = 1.0;
+  RunJob(whole_only, slow_cpu, 3);
+  EXPECT_TRUE(whole_only.Settled());
+  EXPECT_FALSE(whole_only.cost(true).has_value());
+}
+
 TEST(WeightsFirstPolicy, GoesBackToTheWholeUpdateWhenWeightsFirstIsSlower) {
   WeightsFirstPolicy policy;
   Job job;
