@@ -316,8 +316,8 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench
     echo "build ok after $((SECONDS - start)) s"
-    # 6 timed steps after the warm-up (which, since 1ec1a67's successor, lasts until the automatic choice has measured
-    # both schedules; before, the timed steps included that measuring); each run keeps its last step's trace.
+    # 6 timed steps after the warm-up (which lasts until the automatic choice has measured both schedules; until
+    # c9cbac1 the timed steps included that measuring); each run keeps its last step's trace.
     SLIDE_WEIGHTS_FIRST=auto traced wfp-llama-3b-auto llama-3b 32 1024 6 2 cuda 1.0
     echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
     install_deepspeed
