@@ -584,6 +584,7 @@ void SlidingTrainer::PostUpdate(size_t unit, double lr, float grad_scale, int64_
     }
     const int64_t took_ns = NowNs() - t0;
     update_ns_ += took_ns - io_waited;  // CPU time; the disk's share is counted as nvme
+    whole_adamw_ns_ += took_ns - io_waited;
     TraceUpdate("adamw " + std::to_string(unit), took_ns);
   });
 }
@@ -803,6 +804,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   // The schedule of the updates this step posts, chosen before its gradients land: a streamed unit's gradient goes
   // to the worker that will update it.
   weights_first_step_ = opts_.train.max_grad_norm > 0 && weight_ring_ && ChooseWeightsFirst();
+  const int64_t whole_adamw_ns_before = whole_adamw_ns_.load();
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
   ScopedTimer step_timer(busy_.step);
@@ -934,11 +936,13 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.h2d = q.h2d;
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
+  // The CPU's whole AdamW per element, over the elements that streamed instead (none when nothing did).
+  const double streamed_adamw_s = (whole_adamw_ns_.load() - whole_adamw_ns_before) / 1e9 * (streamed_cpu_scale_ - 1);
   busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
   weights_first_policy_.Record({.step_s = (NowNs() - step_start_ns) / 1e9,
                                 .compute_s = busy_.compute,
-                                // mostly the updates the last step posted; as if all ran on the CPU
-                                .cpu_update_s = busy_.cpu_update * (ran_weights_first ? 1 : streamed_cpu_scale_),
+                                // mostly the updates the last step posted; as if the streamed ones ran on the CPU
+                                .cpu_update_s = busy_.cpu_update + (ran_weights_first ? 0 : streamed_adamw_s),
                                 .ran_updates = ran_updates,
                                 .ran_weights_first = ran_weights_first});
   busy_.nvme = (nvme_wait_ns_.load() - nvme_ns_before) / 1e9;

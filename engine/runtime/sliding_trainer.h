@@ -297,6 +297,7 @@ class SlidingTrainer {
   bool weights_first_step_ = false;     // this step's updates go weights first (chosen before its gradients land)
   double streamed_cpu_scale_ = 1;       // CPU update elements going weights first / in a whole update that streams
   std::atomic<int64_t> update_ns_{0};
+  std::atomic<int64_t> whole_adamw_ns_{0};  // of update_ns_: whole AdamW updates alone (no accumulation, no passes)
   std::atomic<int64_t> weights_only_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};
   ResourceBusy busy_;
