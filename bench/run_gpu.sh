@@ -23,8 +23,6 @@
 #                            8B batch 32, then 3B batch 32, layer inputs on the device)
 #   bench/run_gpu.sh targets the issue's speed targets in one call: 8B at the critical batch (inputs parked on the
 #                            host) beside PyTorch+HF forward+backward at batch 8, 3B batch 32 beside DeepSpeed
-#   bench/run_gpu.sh wfpeers ours (weights first automatic) and DeepSpeed at 3B batch 32, ours at 8B batch 32, then
-#                            both shapes with weights first off and the weights-first CUDA tests: the short-session call
 #   bench/run_gpu.sh hugepages the host state on transparent huge pages against small pages: CPU AdamW, 3B and 8B
 #                            batch 32, with DeepSpeed at 3B batch 32 in the same call (SKIP_DEEPSPEED=1 leaves it out)
 #   bench/run_gpu.sh ours    ours alone, traced, at OURS_RUNS="shape:batch:weights-first:steps ..." (default 8B b32)
@@ -301,37 +299,14 @@ case "$phase" in
       SLIDE_DEVICE_UPDATE_SHARE=$share SLIDE_WEIGHTS_FIRST=auto traced "t-llama-3b-32-${share:-default}" llama-3b 32 1024 6 2 cuda 1.0
       echo "ours llama-3b 32 share ${share:-default} done after $((SECONDS - start)) s"
     done
-    left=$(( ${TARGETS_BUDGET_S:-570} - (SECONDS - start) - 20 ))
-    if [ $left -gt 150 ]; then
+    left() { echo $(( ${TARGETS_BUDGET_S:-570} - (SECONDS - start) - 20 )); }  # seconds DeepSpeed may take
+    if [ "$(left)" -gt 150 ]; then
       install_deepspeed
-      peer_run deepspeed llama-3b 32 $(( ${TARGETS_BUDGET_S:-570} - (SECONDS - start) - 20 )) 3
+      peer_run deepspeed llama-3b 32 "$(left)" 3
       echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
     else
-      echo "skipped (time): deepspeed llama-3b 32 (${left} s left)"
+      echo "skipped (time): deepspeed llama-3b 32 ($(left) s left)"
     fi ;;
-  wfpeers)
-    # One call for when device time is short, most wanted first: ours with weights first (automatic) at 3B batch 32
-    # beside DeepSpeed ZeRO-3 offload at the same batch, ours at 8B batch 32, then (as time allows) both shapes with
-    # weights first off as the baseline and the weights-first CUDA engine tests.
-    start=$SECONDS
-    build_gpu sliding_bench
-    echo "build ok after $((SECONDS - start)) s"
-    # 6 timed steps after the warm-up (which lasts until the automatic choice has measured both schedules; until
-    # c9cbac1 the timed steps included that measuring); each run keeps its last step's trace.
-    SLIDE_WEIGHTS_FIRST=auto traced wfp-llama-3b-auto llama-3b 32 1024 6 2 cuda 1.0
-    echo "ours llama-3b 32 auto done after $((SECONDS - start)) s"
-    install_deepspeed
-    peer_run deepspeed llama-3b 32 210 3
-    echo "deepspeed llama-3b 32 done after $((SECONDS - start)) s"
-    for spec in llama-8b:auto llama-3b:off llama-8b:off; do
-      IFS=: read -r shape wf <<< "$spec"
-      [ $((SECONDS - start)) -lt ${WF_BUDGET_S:-420} ] || { echo "skipped (time): $spec"; continue; }
-      SLIDE_WEIGHTS_FIRST=$wf traced "wfp-$shape-$wf" "$shape" 32 1024 6 2 cuda 1.0
-      echo "ours $spec done after $((SECONDS - start)) s"
-    done
-    cmake --build build-gpu -j 16 --target engine_tests > "$OUT/build-tests.log" 2>&1 || { echo "engine_tests build failed"; exit 1; }
-    timeout 90 build-gpu/tests/engine_tests --gtest_filter='*WeightsFirst*' > "$OUT/gpu_tests.log" 2>&1
-    grep -E '^\[  (PASSED|FAILED|SKIPPED|      OK) |tests ran|Failure' "$OUT/gpu_tests.log" | head -20 ;;
   largest)
     # The largest Llama-8B-shaped model (llama-8b@LAYERS: 218M parameters a layer) our engine trains on this box,
     # without and with the NVMe tier, batch 8, one timed step; then the offloading peers (each supervised: a run the

@@ -264,7 +264,7 @@ void SlidingTrainer::Init() {
     may_go_weights_first = may_go_weights_first || WeightsFirstEligible(u);  // streamed layers are eligible here
     if (!Resident(u) && !OnTier(u)) (StreamCapable(u) ? streamed_numel : cpu_numel) += layout_.units[u].numel;
   }
-  if (cpu_numel > 0) streamed_cpu_scale_ = double(cpu_numel + streamed_numel) / double(cpu_numel);
+  if (cpu_numel > 0) streamed_per_cpu_element_ = double(streamed_numel) / double(cpu_numel);
   if (WeightsFirstAllowed(opts_) && may_go_weights_first && dtype == c10::kBFloat16 && opts_.train.max_grad_norm > 0)
     MakeWeightRing();
 }
@@ -594,11 +594,7 @@ std::string SlidingTrainer::WeightsPassName(size_t unit, int64_t chunk) {
   return "weights " + std::to_string(unit) + (chunk >= 0 ? "." + std::to_string(chunk) : "");
 }
 
-bool SlidingTrainer::schedule_settled() const {
-  const bool automatic = opts_.weights_first == WeightsFirst::kAuto && on_cuda_ && weight_ring_ &&
-                         opts_.train.compute_dtype == c10::kBFloat16 && opts_.train.max_grad_norm > 0;
-  return !automatic || weights_first_policy_.Settled();
-}
+bool SlidingTrainer::schedule_settled() const { return !PolicyChooses() || weights_first_policy_.Settled(); }
 
 void SlidingTrainer::set_weights_first(WeightsFirst mode) {
   TORCH_CHECK(mode != WeightsFirst::kOn || weight_ring_,
@@ -635,12 +631,17 @@ SlidingTrainer::Range SlidingTrainer::EdgeChunk(size_t unit, int64_t chunk) cons
   return {begin, std::min(size, layout_.units[unit].numel - begin)};
 }
 
-// Off where the weights cannot go first (fp32 compute) and, automatically, on the CPU device (the passes would take
-// the cores the compute runs on); otherwise the policy's choice, made by the steps' measured times.
+// Off where the weights cannot go first (no ring: fp32 compute, no clipping, no eligible layer, or not allowed when
+// the trainer was made) and, automatically, on the CPU device (the passes would take the cores the compute runs on);
+// on when the options say so; otherwise the policy's choice, made by the steps' measured times.
 bool SlidingTrainer::ChooseWeightsFirst() {
-  if (opts_.weights_first == WeightsFirst::kOff || opts_.train.compute_dtype != c10::kBFloat16) return false;
-  if (opts_.weights_first == WeightsFirst::kOn) return true;
-  return on_cuda_ && weights_first_policy_.Choose();
+  if (!weight_ring_ || opts_.weights_first == WeightsFirst::kOff) return false;
+  return opts_.weights_first == WeightsFirst::kOn || (PolicyChooses() && weights_first_policy_.Choose());
+}
+
+// The ring exists only with bf16 compute, clipping and a layer that can go weights first.
+bool SlidingTrainer::PolicyChooses() const {
+  return weight_ring_ && opts_.weights_first == WeightsFirst::kAuto && on_cuda_;
 }
 
 // Forward order: the embedding's whole update, each layer's weights-only pass (or whole update when it cannot go
@@ -803,7 +804,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_ = ResourceBusy{};
   // The schedule of the updates this step posts, chosen before its gradients land: a streamed unit's gradient goes
   // to the worker that will update it.
-  weights_first_step_ = opts_.train.max_grad_norm > 0 && weight_ring_ && ChooseWeightsFirst();
+  weights_first_step_ = ChooseWeightsFirst();
   const int64_t whole_adamw_ns_before = whole_adamw_ns_.load();
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
@@ -937,7 +938,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   busy_.d2h = q.d2h;
   busy_.cpu_update = (update_ns_.load() - update_ns_before) / 1e9;
   // The CPU's whole AdamW per element, over the elements that streamed instead (none when nothing did).
-  const double streamed_adamw_s = (whole_adamw_ns_.load() - whole_adamw_ns_before) / 1e9 * (streamed_cpu_scale_ - 1);
+  const double streamed_adamw_s = (whole_adamw_ns_.load() - whole_adamw_ns_before) / 1e9 * streamed_per_cpu_element_;
   busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
   weights_first_policy_.Record({.step_s = (NowNs() - step_start_ns) / 1e9,
                                 .compute_s = busy_.compute,

@@ -206,6 +206,7 @@ class SlidingTrainer {
   int64_t EdgeChunks(size_t unit) const;             // ring buffers an edge unit's weights take
   Range EdgeChunk(size_t unit, int64_t chunk) const;
   bool ChooseWeightsFirst();
+  bool PolicyChooses() const;                     // the automatic choice decides (WeightsFirstPolicy), not the options
   void MakeWeightRing();                          // window + 1 page-locked buffers of the largest layer
   void PostUpdates(double lr, float grad_scale);  // every unit's, after the global norm (clipping)
   // The weights-only pass of layer `unit` (chunk -1; tracked by the worker as EarlyUnit) or of chunk `chunk` of the
@@ -293,9 +294,9 @@ class SlidingTrainer {
   // them (so they never queue behind CPU updates).
   std::vector<bool> streamed_;
   std::unique_ptr<UpdateWorker> stream_worker_;
-  std::vector<bool> on_stream_worker_;  // by unit (and worker id): its latest task went to stream_worker_
-  bool weights_first_step_ = false;     // this step's updates go weights first (chosen before its gradients land)
-  double streamed_cpu_scale_ = 1;       // CPU update elements going weights first / in a whole update that streams
+  std::vector<bool> on_stream_worker_;   // by unit (and worker id): its latest task went to stream_worker_
+  bool weights_first_step_ = false;      // this step's updates go weights first (chosen before its gradients land)
+  double streamed_per_cpu_element_ = 0;  // streamed elements per element the CPU updates in a whole update
   std::atomic<int64_t> update_ns_{0};
   std::atomic<int64_t> whole_adamw_ns_{0};  // of update_ns_: whole AdamW updates alone (no accumulation, no passes)
   std::atomic<int64_t> weights_only_ns_{0};
