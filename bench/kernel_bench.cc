@@ -2,11 +2,11 @@
 // then timed alone (forward and backward launchers) and against the unfused ops (forward, and forward+backward
 // through autograd). Bandwidth counts the bytes a kernel must move at least (inputs read once, outputs
 // written once) against the H200's measured copy rate. The LM head + cross-entropy is timed whole (GEMMs
-// included) against the token-chunked LibTorch form and the full-logits form, with the peak device memory
-// each needs. One JSON line per kernel.
+// included) in its token- and vocabulary-chunked forms with the kernels, against the token-chunked LibTorch form
+// and the full-logits form, with the peak device memory each needs. One JSON line per kernel.
 //
-// usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL]   (defaults 8192, 4300 and every kernel family; KERNEL is one
-// of rmsnorm, rope, swiglu, convert, ce, lm_head)
+// usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL] [HIDDEN]   (defaults 8192, 4300, every kernel family and 4096;
+// KERNEL is one of rmsnorm, rope, swiglu, convert, ce, lm_head; HIDDEN is the head's)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -223,7 +223,7 @@ void BenchCrossEntropyRows(int64_t tokens, int64_t cols, int64_t vocab) {
 int64_t Allocated() { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current; }
 int64_t PeakAllocated() { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak; }
 
-// The whole head: final hidden [tokens, H] x weight [V, H] -> loss and both gradients, in three forms.
+// The whole head: final hidden [tokens, H] x weight [V, H] -> loss and both gradients, in four forms.
 void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_tokens) {
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   at::Tensor h = at::randn({tokens, hidden}, opt), w = 0.02 * at::randn({vocab, hidden}, opt);
@@ -233,10 +233,12 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
     const char* name;
     bool kernels;
     bool full_logits;
+    bool vocab_chunks;
   };
   at::Tensor ref_loss, ref_gh, ref_gw;
-  for (const Form& form : {Form{"full_logits_unfused", false, true}, Form{"token_chunked_unfused", false, false},
-                           Form{"vocab_chunked_fused", true, false}}) {
+  for (const Form& form :
+       {Form{"full_logits_unfused", false, true, false}, Form{"token_chunked_unfused", false, false, false},
+        Form{"vocab_chunked_fused", true, false, true}, Form{"token_chunked_fused", true, false, false}}) {
     KernelsSwitch sw(form.kernels);
     at::Tensor hl = h.detach().requires_grad_(true), wl = w.detach().requires_grad_(true);
     at::Tensor loss;
@@ -245,7 +247,8 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
       wl.mutable_grad().reset();
       loss = form.full_logits
                  ? at::cross_entropy_loss(at::mm(hl, wl.t()).to(at::kFloat), t, {}, at::Reduction::Sum, -100) / norm
-                 : ChunkedLmHeadCrossEntropy(hl, wl, t, norm, chunk_tokens);
+             : form.vocab_chunks ? LmHeadCrossEntropyByVocabChunks(hl, wl, t, norm, chunk_tokens)
+                                 : ChunkedLmHeadCrossEntropy(hl, wl, t, norm, chunk_tokens);
       loss.backward();
     };
     const double ms = TimeMs(run, 5);
@@ -275,13 +278,13 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
         "\"chunk_tokens\": %lld, \"dtype\": \"bf16\", \"fwd_bwd_ms\": %.2f, \"tflops_3gemm\": %.1f, "
         "\"peak_extra_bytes\": %lld, \"gradient_bytes\": %lld, \"working_bytes\": %lld, "
         "\"full_logits_fp32_bytes\": %.0f, \"working_over_full_logits\": %.4f, \"rel_err_vs_full\": {\"loss\": %.3g, "
-        "\"grad_h\": %.3g, \"grad_w\": %.3g}, \"input_grad_accumulation\": \"%s\", \"note\": \"peak_extra = peak "
+        "\"grad_h\": %.3g, \"grad_w\": %.3g}, \"grad_accumulation\": \"%s\", \"note\": \"peak_extra = peak "
         "allocated during forward+backward "
         "above the inputs; working = peak_extra - the returned gradients\"}\n",
         form.name, (long long)tokens, (long long)hidden, (long long)vocab, (long long)chunk_tokens, ms,
         flops / ms / 1e9, (long long)peak_extra, (long long)grads, (long long)(peak_extra - grads), full_logits_fp32,
         (peak_extra - grads) / full_logits_fp32, err_loss, err_gh, err_gw,
-        form.kernels ? LmHeadInputGradientAccumulation(true) : "-");
+        form.kernels ? LmHeadGradientAccumulation(true) : "-");
     std::fflush(stdout);
   }
 }
@@ -311,6 +314,7 @@ int main(int argc, char** argv) {
   if (wanted("swiglu")) BenchSwiGlu(tokens, 14336);
   if (wanted("convert")) BenchConvert(128256, 4096);
   if (wanted("ce")) BenchCrossEntropyRows(tokens, 128256 / 8, 128256);
-  if (wanted("lm_head")) BenchLmHead(tokens, 4096, 128256, 1024);
+  // The head at another hidden size (argv[4]; Llama-3.2-3B: 3072).
+  if (wanted("lm_head")) BenchLmHead(tokens, argc > 4 ? std::atoll(argv[4]) : 4096, 128256, 1024);
   return 0;
 }

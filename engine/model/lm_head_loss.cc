@@ -33,51 +33,6 @@ torch::autograd::variable_list TakeScaledGradients(torch::autograd::AutogradCont
   return {grad_h, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
-struct ChunkedLmHeadCe : public torch::autograd::Function<ChunkedLmHeadCe> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
-                            const at::Tensor& targets, double normalizer, int64_t chunk_tokens) {
-    const bool need_grad = h.requires_grad() || weight.requires_grad();
-    const int64_t n = h.size(0);
-    at::Tensor loss = at::zeros({}, h.options().dtype(at::kFloat));
-    at::Tensor grad_h, grad_w32;
-    if (need_grad) {
-      grad_h = at::empty_like(h);
-      grad_w32 = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
-    }
-    const double scale = 1.0 / normalizer;
-    for (int64_t start = 0; start < n; start += chunk_tokens) {
-      const int64_t len = std::min(chunk_tokens, n - start);
-      at::Tensor hc = h.narrow(0, start, len);
-      at::Tensor tc = targets.narrow(0, start, len);
-      at::Tensor logits = at::matmul(hc, weight.t()).to(at::kFloat);  // [len, V]
-      at::Tensor lse = at::logsumexp(logits, {1});                    // [len]
-      at::Tensor valid = tc.ne(kIgnoreIndex);
-      at::Tensor safe_t = tc.clamp_min(0).unsqueeze(1);
-      at::Tensor picked = logits.gather(1, safe_t).squeeze(1);
-      loss.add_(((lse - picked) * valid).sum());
-      if (!need_grad) continue;
-      // d(CE)/d(logits) = softmax - onehot(target), zero for ignored tokens, scaled by 1/normalizer.
-      at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
-      g.scatter_add_(1, safe_t, at::full({len, 1}, -1.0, g.options()));
-      g.mul_((valid.to(at::kFloat) * scale).unsqueeze(1));
-      at::Tensor gc = g.to(h.scalar_type());
-      grad_h.narrow(0, start, len).copy_(at::matmul(gc, weight));
-      if (h.scalar_type() == at::kFloat) {
-        grad_w32.addmm_(gc.t(), hc);
-      } else {
-        grad_w32.add_(at::matmul(gc.t(), hc));  // low-precision product per chunk, fp32 sum across chunks
-      }
-    }
-    if (need_grad) StashGradients(ctx, grad_h, ConvertDtype(grad_w32, weight.scalar_type()));
-    return loss.div_(normalizer);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    return TakeScaledGradients(ctx, grad_outputs);
-  }
-};
-
 std::atomic<int> g_out_dtype_works[2] = {-1, -1};  // per device kind (CPU, CUDA): -1 unknown, 1 yes, 0 no
 
 // acc [M, N] fp32 += a [M, K] @ b [K, N] with one rounding: bf16 operands go through cuBLAS with fp32 output
@@ -101,12 +56,69 @@ void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
   acc.add_(at::mm(a, b));
 }
 
-// The vocabulary-chunked form (the CUDA path): all tokens at once, the vocabulary in chunks of `cols` rows of
-// the weight. Pass 1 folds each chunk's logits into every token's running max / sum(exp) and picks the target
-// logit; pass 2 (gradients) recomputes each chunk's logits, turns them into d(loss)/d(logits) in place, writes
-// that chunk's rows of the weight gradient in one GEMM (fp32 accumulation over all tokens, rounded once) and
-// adds its share of the input gradient into an fp32 [N, H] sum. One more GEMM than the token-chunked form, but
-// no [V, H] fp32 accumulator and no per-chunk [V, H] product.
+// Tokens a chunk holds: where the kernels run, the chunk's logits stay in the compute dtype alone (the kernels read
+// them and rewrite them in place as their gradient), so a chunk takes as many tokens as chunk_tokens rows of the
+// unfused ops' working set (compute-dtype logits, their fp32 copy and the compute-dtype gradient: memory_plan.cc's
+// head phase) hold: 4x in bf16, 3x in fp32.
+int64_t TokensPerChunk(const at::Tensor& h, int64_t chunk_tokens) {
+  if (!UseFusedKernels(h)) return chunk_tokens;
+  const int64_t e = h.element_size();
+  return chunk_tokens * (e + 4 + e) / e;
+}
+
+// The token-chunked form: the tokens in chunks, each against the whole vocabulary, so a chunk's log-sum-exp is
+// known after its one logits GEMM and its gradient follows at once: three GEMMs in all (logits, input gradient,
+// weight gradient), one fewer than the vocabulary-chunked form, for an fp32 [V, H] weight-gradient sum across the
+// chunks (cuBLAS with fp32 output, rounded once at the end). Each token's input gradient is one GEMM over the
+// whole vocabulary, rounded once. The row operations are the kernels on CUDA and ATen ops elsewhere.
+struct TokenChunkedLmHeadCe : public torch::autograd::Function<TokenChunkedLmHeadCe> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const at::Tensor& targets, double normalizer, int64_t chunk_tokens) {
+    const bool need_grad = h.requires_grad() || weight.requires_grad();
+    const int64_t n = h.size(0), vocab = weight.size(0);
+    const at::Tensor t = targets.to(h.device(), at::kLong).contiguous();
+    const at::Tensor hc = h.contiguous();
+    const int64_t rows = TokensPerChunk(h, chunk_tokens);
+    const auto f32 = h.options().dtype(at::kFloat);
+    at::Tensor run_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
+    at::Tensor run_sum = at::zeros({n}, f32), picked = at::zeros({n}, f32);
+    at::Tensor grad_h, grad_w32;
+    if (need_grad) {
+      grad_h = at::empty_like(hc);
+      grad_w32 = at::zeros(weight.sizes(), f32);
+    }
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      const at::Tensor h_rows = hc.narrow(0, start, len), t_rows = t.narrow(0, start, len);
+      at::Tensor row_max = run_max.narrow(0, start, len), row_sum = run_sum.narrow(0, start, len);
+      at::Tensor row_picked = picked.narrow(0, start, len);
+      at::Tensor g = at::mm(h_rows, weight.t());  // [len, V] logits, then their gradient
+      CrossEntropyChunkStats(g, 0, t_rows, vocab, row_max, row_sum, row_picked);
+      if (!need_grad) continue;
+      CrossEntropyChunkGrad(g, 0, t_rows, vocab, row_max + row_sum.log(), 1.0 / normalizer);
+      at::Tensor grad_h_rows = grad_h.narrow(0, start, len);
+      at::mm_out(grad_h_rows, g, weight);
+      AddMatmulFp32(grad_w32, g.t(), h_rows);
+    }
+    const at::Tensor lse = run_max + run_sum.log();
+    const at::Tensor valid = t.ge(0) & t.lt(vocab);
+    at::Tensor loss = at::where(valid, lse - picked, at::zeros({}, f32)).sum().div_(normalizer);
+    if (need_grad) StashGradients(ctx, grad_h, ConvertDtype(grad_w32, weight.scalar_type()));
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    return TakeScaledGradients(ctx, grad_outputs);
+  }
+};
+
+// The vocabulary-chunked form: all tokens at once, the vocabulary in chunks of `cols` rows of the weight. Pass 1 folds
+// each chunk's logits into every token's running max / sum(exp) and picks the target logit; pass 2 (gradients)
+// recomputes each chunk's logits, turns them into d(loss)/d(logits) in place, writes that chunk's rows of the weight
+// gradient in one GEMM (fp32 accumulation over all tokens, rounded once) and adds its share of the input gradient into
+// an fp32 [N, H] sum. One more GEMM than the token-chunked form, but no [V, H] fp32 accumulator and no per-chunk [V, H]
+// product.
 struct VocabChunkedLmHeadCe : public torch::autograd::Function<VocabChunkedLmHeadCe> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const at::Tensor& targets, double normalizer, int64_t chunk_tokens) {
@@ -161,7 +173,7 @@ void CheckHeadArguments(const at::Tensor& h, const at::Tensor& weight, const at:
 
 }  // namespace
 
-const char* LmHeadInputGradientAccumulation(bool cuda) {
+const char* LmHeadGradientAccumulation(bool cuda) {
   switch (g_out_dtype_works[cuda ? 1 : 0].load()) {
     case 1:
       return "fp32";
@@ -181,9 +193,7 @@ at::Tensor LmHeadCrossEntropyByVocabChunks(const at::Tensor& h, const at::Tensor
 at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                      double normalizer, int64_t chunk_tokens) {
   CheckHeadArguments(h, weight, targets, normalizer, chunk_tokens);
-  if (UseFusedKernels(h) && h.scalar_type() == weight.scalar_type())
-    return VocabChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
-  return ChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
+  return TokenChunkedLmHeadCe::apply(h, weight, targets, normalizer, chunk_tokens);
 }
 
 }  // namespace slide

@@ -164,8 +164,9 @@ TEST(FusedKernels, ConversionEqualsTensorTo_CUDA) {
   }
 }
 
-// The vocabulary-chunked head with the kernels against the full-logits CPU reference in fp32: a vocabulary that
-// is not a multiple of the pack (scalar path) and one that is, chunks with uneven tails, ignored targets.
+// Both forms of the head with the kernels against the full-logits CPU reference in fp32: a vocabulary that is not
+// a multiple of the pack (scalar path) and one that is, chunks with uneven tails (the token-chunked form takes 4x
+// chunk tokens in bf16, 3x in fp32: 300 tokens in 256-row chunks, 77 in 30-row ones), ignored targets.
 TEST(FusedKernels, LmHeadCrossEntropyMatchesCpuReference_CUDA) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -181,22 +182,28 @@ TEST(FusedKernels, LmHeadCrossEntropyMatchesCpuReference_CUDA) {
     t[5] = c.vocab - 1;
     t[6] = 0;
     const double norm = static_cast<double>(c.n - 3);
-    Grads got = RunWithGrad(
-        {Cuda(h, c.dtype), Cuda(w, c.dtype)},
-        [&](std::vector<at::Tensor>& in) { return ChunkedLmHeadCrossEntropy(in[0], in[1], t.cuda(), norm, c.chunk); },
-        at::full({}, 2.0));
     Grads ref = RunWithGrad(
         {Cpu32(h), Cpu32(w)},
         [&](std::vector<at::Tensor>& in) {
           return at::cross_entropy_loss(at::matmul(in[0], in[1].t()), t, {}, at::Reduction::Sum, -100) / norm;
         },
         at::full({}, 2.0));
-    const std::string what = "V=" + std::to_string(c.vocab) + " " + c10::toString(c.dtype);
-    const double tol = c.dtype == at::kBFloat16 ? 2e-2 : 1e-5;
-    ExpectClose(got.out, ref.out, tol, what + " loss");
-    ExpectClose(got.grads[0], ref.grads[0], tol, what + " grad h");
-    ExpectClose(got.grads[1], ref.grads[1], tol, what + " grad w");
-    EXPECT_EQ(got.grads[0][0].abs().sum().item<float>(), 0.0f) << what << ": an ignored token got a gradient";
+    for (const bool vocab_chunks : {false, true}) {
+      Grads got = RunWithGrad(
+          {Cuda(h, c.dtype), Cuda(w, c.dtype)},
+          [&](std::vector<at::Tensor>& in) {
+            return vocab_chunks ? LmHeadCrossEntropyByVocabChunks(in[0], in[1], t.cuda(), norm, c.chunk)
+                                : ChunkedLmHeadCrossEntropy(in[0], in[1], t.cuda(), norm, c.chunk);
+          },
+          at::full({}, 2.0));
+      const std::string what = std::string(vocab_chunks ? "vocabulary" : "token") +
+                               " chunks, V=" + std::to_string(c.vocab) + " " + c10::toString(c.dtype);
+      const double tol = c.dtype == at::kBFloat16 ? 2e-2 : 1e-5;
+      ExpectClose(got.out, ref.out, tol, what + " loss");
+      ExpectClose(got.grads[0], ref.grads[0], tol, what + " grad h");
+      ExpectClose(got.grads[1], ref.grads[1], tol, what + " grad w");
+      EXPECT_EQ(got.grads[0][0].abs().sum().item<float>(), 0.0f) << what << ": an ignored token got a gradient";
+    }
   }
 }
 
@@ -251,21 +258,23 @@ TEST(FusedKernels, LmHeadCrossEntropyLargeLogitsAndNaN_CUDA) {
   const at::Tensor t = at::randint(0, vocab, {n}, at::kLong);
   const at::Tensor ref =
       at::cross_entropy_loss(at::matmul(h, w.t()), t, {}, at::Reduction::Sum, -100) / static_cast<double>(n);
-  const at::Tensor got = ChunkedLmHeadCrossEntropy(h.cuda(), w.cuda(), t.cuda(), static_cast<double>(n), 4);
-  EXPECT_LE(testing::Compare(got.cpu(), ref).rel, 1e-5);
   at::Tensor h_nan = h.clone();
   h_nan[3][0] = NAN;
-  EXPECT_TRUE(std::isnan(ChunkedLmHeadCrossEntropy(h_nan.cuda(), w.cuda(), t.cuda(), 1.0, 4).item<float>()));
+  for (const auto form : {&ChunkedLmHeadCrossEntropy, &LmHeadCrossEntropyByVocabChunks}) {
+    const at::Tensor got = form(h.cuda(), w.cuda(), t.cuda(), static_cast<double>(n), 4);
+    EXPECT_LE(testing::Compare(got.cpu(), ref).rel, 1e-5);
+    EXPECT_TRUE(std::isnan(form(h_nan.cuda(), w.cuda(), t.cuda(), 1.0, 4).item<float>()));
+  }
 }
 
-// The input gradient of bf16 operands is summed over the vocabulary chunks in fp32 (one rounding): the cuBLAS
-// path with fp32 output was taken, not the fallback that rounds each chunk's product.
-TEST(FusedKernels, LmHeadInputGradientAccumulatesInFp32_CUDA) {
+// The weight gradient of bf16 operands is summed over the token chunks in fp32 (one rounding): the cuBLAS path
+// with fp32 output was taken, not the fallback that rounds each chunk's product (32 tokens: two chunks of 4 x 4).
+TEST(FusedKernels, LmHeadGradientAccumulatesInFp32_CUDA) {
   SKIP_WITHOUT_CUDA();
   const at::Tensor h = at::randn({32, 64}).to(at::kCUDA, at::kBFloat16).requires_grad_(true);
   const at::Tensor w = at::randn({1000, 64}).to(at::kCUDA, at::kBFloat16).requires_grad_(true);
   ChunkedLmHeadCrossEntropy(h, w, at::randint(0, 1000, {32}, at::kLong).cuda(), 32.0, 4).backward();
-  EXPECT_STREQ(LmHeadInputGradientAccumulation(/*cuda=*/true), "fp32");
+  EXPECT_STREQ(LmHeadGradientAccumulation(/*cuda=*/true), "fp32");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The chunked LM head + cross-entropy equals the plain full-logits formulation, for any chunk size, in both
-// forms: token chunks (the CPU path) and vocabulary chunks (the CUDA path; here through its ATen row operations,
-// the kernels themselves are checked in fused_kernels_test.cc).
+// forms: token chunks (the trainers' head) and vocabulary chunks (the lower-memory form), here through the ATen
+// row operations; the kernels themselves are checked in fused_kernels_test.cc.
 #include "engine/model/lm_head_loss.h"
 
 #include "engine/kernels/fused_ops.h"
