@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
       "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
       "{\"reserved_after_step1\": "
       "%lld, \"reserved_after_last\": %lld, \"cudamalloc_calls_after_step1\": %lld, \"cudamalloc_calls_after_last\": "
-      "%lld, \"alloc_retries\": %lld, \"ooms\": %lld}, \"note\": \"device compute/h2d/d2h busy from CUDA "
+      "%lld, \"peak_allocated\": %lld, \"alloc_retries\": %lld, \"ooms\": %lld}, \"note\": \"device compute/h2d/d2h "
+      "busy from CUDA "
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
@@ -334,6 +335,6 @@ int main(int argc, char** argv) {
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
       (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
-      (long long)after_last.alloc_retries, (long long)after_last.ooms);
+      (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms);
   return 0;
 }

@@ -43,6 +43,7 @@ DeviceAllocatorStats ReadDeviceAllocatorStats() {
     constexpr size_t kAll = 0;  // StatType::AGGREGATE
     out.reserved_bytes = s.reserved_bytes[kAll].current;
     out.peak_reserved_bytes = s.reserved_bytes[kAll].peak;
+    out.peak_allocated_bytes = s.allocated_bytes[kAll].peak;
     out.segments_allocated = s.segment[kAll].allocated;
     out.alloc_retries = s.num_alloc_retries;
     out.ooms = s.num_ooms;

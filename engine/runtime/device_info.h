@@ -20,9 +20,10 @@ int64_t ResidentHostBytes();
 int64_t PeakResidentHostBytes();
 
 // The CUDA caching allocator's counters for device 0 (all zero without CUDA). `segments_allocated` counts
-// cudaMalloc calls over the process: constant after the first step means no allocation grew.
+// cudaMalloc calls over the process: constant after the first step means no allocation grew. Reserved less
+// allocated at the peaks is what the cached blocks' sizes could not serve (fragmentation across phases).
 struct DeviceAllocatorStats {
-  int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
+  int64_t reserved_bytes = 0, peak_reserved_bytes = 0, peak_allocated_bytes = 0;
   int64_t segments_allocated = 0, alloc_retries = 0, ooms = 0;
 };
 DeviceAllocatorStats ReadDeviceAllocatorStats();
