@@ -117,7 +117,16 @@ StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerO
   request.compute_dtype = train.compute_dtype;
   request.lm_head_chunk_tokens = train.loss.chunk_tokens;
   request.weights_first = request.weights_first && train.max_grad_norm > 0;
-  return PlanMemory(request);
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(request));
+  if (plan.checkpoints_on_host && request.streamed_ring_bytes > 0) {
+    // Nothing streams beside parked layer inputs (PlannedDeviceUpdateShare): plan again without the streamed ring, the
+    // inputs kept parked (the ring's room could otherwise tip the choice back to the device, where the share would
+    // apply unplanned).
+    request.streamed_ring_bytes = 0;
+    request.checkpoints = CheckpointPlacement::kHost;
+    return PlanMemory(request);
+  }
+  return plan;
 }
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,

@@ -132,7 +132,8 @@ class SlidingTrainer {
   // Plans memory for `request` (micro-batch, sequence, budgets; window 0 = choose) and builds the trainer with
   // that plan. A job that cannot fit is refused here, with the numbers, before anything large is allocated;
   // later micro-batches larger than planned are refused by Step.
-  // The plan Create would run with: `request` completed from the model and the trainer options.
+  // The plan Create would run with: `request` completed from the model and the trainer options; a plan that parks
+  // the layer inputs counts no streamed ring (nothing streams there).
   static StatusOr<MemoryPlan> Plan(const ModelConfig& cfg, const TrainerOptions& train, PlanRequest request);
   static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                           SlidingOptions options, PlanRequest request,

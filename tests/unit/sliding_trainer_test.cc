@@ -743,12 +743,15 @@ TEST(SlidingTrainer, CreateStreamsNothingWhereThePlanParksLayerInputs) {
     SlidingOptions so{.train = o};
     so.device_update_share = 0.5;
     so.device_update_chunk = 1000;
+    r.streamed_ring_bytes = so.DeviceUpdateRingBytes();
     MemoryPlan plan;
     auto trainer = testing::ValueOrDie(
         SlidingTrainer::Create(cfg, params.To(at::TensorOptions().dtype(at::kFloat)), so, r, &plan));
     const bool parked = where == CheckpointPlacement::kHost;
     EXPECT_EQ(plan.checkpoints_on_host, parked);
     EXPECT_EQ(trainer->streamed_units(), parked ? 0 : 2);  // half of the 4 host layers
+    // The plan counts the streamed ring only where it is used.
+    EXPECT_EQ(plan.streamed_ring_bytes, parked ? 0 : so.DeviceUpdateRingBytes());
     double streamed_seconds = 0;
     for (int64_t s = 0; s < 2; ++s) {
       trainer->Step(Batch(s, 1, cfg.vocab_size, c10::Device(c10::kCPU)));
@@ -756,6 +759,44 @@ TEST(SlidingTrainer, CreateStreamsNothingWhereThePlanParksLayerInputs) {
     }
     EXPECT_EQ(streamed_seconds > 0, !parked);
   }
+}
+
+// The planner's own choice to park the inputs (the budget fits them only on the host, with the ring counted) drops
+// the ring from the plan and keeps them parked, though the ring's room might now fit them on the device.
+TEST(SlidingTrainer, CreateDropsTheStreamedRingWhereTheBudgetParksLayerInputs) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
+  SlidingOptions so{.train = o};
+  so.device_update_share = 0.5;
+  so.device_update_chunk = 100;  // a ring (5.4 KB) smaller than the two layers' inputs parking saves (32 KB)
+  PlanRequest r;
+  r.micro_batch = 2;
+  r.seq_len = 64;
+  r.window = 2;  // fixed, so that the budget decides the inputs' placement alone
+  r.device_reserved_bytes = 0;
+  r.streamed_ring_bytes = so.DeviceUpdateRingBytes();
+  auto total = [&](CheckpointPlacement where, int64_t ring) {
+    PlanRequest q = r;
+    q.checkpoints = where;
+    q.streamed_ring_bytes = ring;
+    q.device_budget_bytes = 1ll << 40;
+    return testing::ValueOrDie(SlidingTrainer::Plan(cfg, o, q)).device_total;
+  };
+  const int64_t ring = r.streamed_ring_bytes;
+  ASSERT_LT(total(CheckpointPlacement::kHost, ring), total(CheckpointPlacement::kDevice, ring));
+  // Room for the inputs on the device without the ring, not with it.
+  r.device_budget_bytes = total(CheckpointPlacement::kDevice, 0);
+  ASSERT_GT(total(CheckpointPlacement::kDevice, ring), r.device_budget_bytes);
+  ASSERT_LE(total(CheckpointPlacement::kHost, ring), r.device_budget_bytes);
+  MemoryPlan plan;
+  auto trainer =
+      testing::ValueOrDie(SlidingTrainer::Create(cfg, params.To(at::TensorOptions().dtype(at::kFloat)), so, r, &plan));
+  EXPECT_TRUE(plan.checkpoints_on_host);
+  EXPECT_EQ(plan.streamed_ring_bytes, 0);
+  EXPECT_EQ(plan.device_total, total(CheckpointPlacement::kHost, 0));
+  EXPECT_EQ(trainer->streamed_units(), 0);
 }
 
 }  // namespace
