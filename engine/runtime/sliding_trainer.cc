@@ -22,7 +22,8 @@ namespace {
 class ScopedTimer {
  public:
   explicit ScopedTimer(double& sink) : sink_(sink), t0_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() { sink_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  ~ScopedTimer() { sink_ += Elapsed(); }
+  double Elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
 
  private:
   double& sink_;
@@ -809,15 +810,14 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   const bool ran_weights_first = busy_.weights_first;  // the last step posted the updates this step runs
   const bool ran_updates = updates_posted_;            // not after a checkpoint or an evaluation waited for them
   updates_posted_ = false;
-  const int64_t step_start_ns = NowNs();
   busy_ = ResourceBusy{};
+  ScopedTimer step_timer(busy_.step);
   // The schedule of the updates this step posts, chosen before its gradients land: a streamed unit's gradient goes
   // to the worker that will update it.
   weights_first_step_ = ChooseWeightsFirst();
   const int64_t whole_adamw_ns_before = whole_adamw_ns_.load();
   const int64_t update_ns_before = update_ns_.load(), nvme_ns_before = nvme_wait_ns_.load(),
                 weights_only_ns_before = weights_only_ns_.load();
-  ScopedTimer step_timer(busy_.step);
 
   for (const auto& mb : micro_batches)
     TORCH_CHECK(planned_tokens_ == 0 || mb.input_ids.numel() <= planned_tokens_, "micro-batch of ",
@@ -949,7 +949,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   // The CPU's whole AdamW per element, over the elements that streamed instead (none when nothing did).
   const double streamed_adamw_s = (whole_adamw_ns_.load() - whole_adamw_ns_before) / 1e9 * streamed_per_cpu_element_;
   busy_.cpu_update_weights = (weights_only_ns_.load() - weights_only_ns_before) / 1e9;
-  weights_first_policy_.Record({.step_s = (NowNs() - step_start_ns) / 1e9,
+  weights_first_policy_.Record({.step_s = step_timer.Elapsed(),
                                 .compute_s = busy_.compute,
                                 // mostly the updates the last step posted; as if the streamed ones ran on the CPU
                                 .cpu_update_s = busy_.cpu_update + (ran_weights_first ? 0 : streamed_adamw_s),
