@@ -29,7 +29,7 @@ at::Tensor SwiGluUnfused(const at::Tensor& gate, const at::Tensor& up);
 // dtype conversion (round to nearest even for bf16): the kernel for fp32 <-> bf16 on CUDA, Tensor::to otherwise.
 at::Tensor ConvertDtype(const at::Tensor& x, at::ScalarType dtype);
 
-// The two row operations of the vocabulary-chunked cross-entropy (lm_head_loss.cc). logits [rows, cols] hold
+// The two row operations of the chunked cross-entropy (both forms in lm_head_loss.cc). logits [rows, cols] hold
 // vocabulary ids [vocab_offset, vocab_offset + cols); targets [rows] int64, outside [0, vocab) = ignored.
 // Stats folds the chunk into run_max / run_sum (fp32 [rows]) and records the target's logit in picked.
 void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab,
