@@ -16,6 +16,8 @@
 // a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest; default as
 // slided's GPU jobs: kDefaultDeviceUpdateShare on CUDA without the NVMe tier, none beside parked layer inputs.
 // SLIDE_CHECKPOINTS=auto|device|host: where layer inputs wait for the backward (auto: the planner's choice).
+// SLIDE_HEAD_CHUNK_TOKENS=N: the LM head's chunk (plan and trainer; default slided's, LossOptions' 1024; the figures
+// before it became the default ran 4096).
 // Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
 // (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
 #include <ATen/ATen.h>
@@ -99,7 +101,8 @@ int main(int argc, char** argv) {
   plan_request.model = cfg;
   plan_request.micro_batch = batch;
   plan_request.seq_len = seq;
-  plan_request.lm_head_chunk_tokens = 4096;
+  const int64_t head_chunk_tokens = env_int("SLIDE_HEAD_CHUNK_TOKENS", TrainerOptions{}.loss.chunk_tokens);
+  plan_request.lm_head_chunk_tokens = head_chunk_tokens;
   plan_request.window = window;
   // SLIDE_CHECKPOINTS=host parks each layer's input in pinned host memory, so batches whose inputs would not fit
   // beside the window in the budget run (the critical batch under exact clipping); device keeps them there; auto
@@ -192,7 +195,7 @@ int main(int argc, char** argv) {
   o.max_grad_norm = max_grad_norm;
   o.compute_dtype = c10::kBFloat16;
   o.device = device;
-  o.loss.chunk_tokens = 4096;
+  o.loss.chunk_tokens = head_chunk_tokens;
   SlidingOptions so{.train = o,
                     .window = window,
                     .checkpoints_on_host = plan.checkpoints_on_host,
@@ -292,7 +295,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
       "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, \"resident_layers\": %lld, "
+      "\"batch\": %lld, \"seq\": %lld, \"head_chunk_tokens\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, "
+      "\"resident_layers\": %lld, "
       "\"device_update_share\": %.2f, \"streamed_units\": %lld, "
       "\"max_grad_norm\": %.2f, "
       "\"steps\": %d, \"warmup_steps\": %lld, \"device\": \"%s\", "
@@ -319,14 +323,15 @@ int main(int argc, char** argv) {
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
       shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)window, plan.checkpoints_on_host ? "true" : "false",
-      (long long)plan.resident_layers, so.device_update_share, (long long)trainer.streamed_units(), max_grad_norm,
-      steps, (long long)warmup, dev.c_str(), tokens / secs, tflops, secs / steps, wall_with_drain, peak_dev,
-      (long long)plan.device_total, (long long)plan.host_total, double(PeakResidentHostBytes()), peak_after_setup,
-      double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h, sum.cpu_update, sum.wait_update, sum.device_update,
-      sum.cpu_update_weights, wf.c_str(), weights_first_steps, schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0,
-      schedule_n[0], schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1],
-      (long long)trainer.ring_loads(), (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
+      (long long)batch, (long long)seq, (long long)head_chunk_tokens, (long long)window,
+      plan.checkpoints_on_host ? "true" : "false", (long long)plan.resident_layers, so.device_update_share,
+      (long long)trainer.streamed_units(), max_grad_norm, steps, (long long)warmup, dev.c_str(), tokens / secs, tflops,
+      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
+      double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
+      sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
+      schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
+      schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
+      (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
       HostHugePagesAvailable() ? "true" : "false", setup_s, FusedKernelsEnabled() ? "true" : "false",
       TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
       nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
