@@ -249,7 +249,7 @@ void CrossEntropyChunkStats(const at::Tensor& logits, int64_t vocab_offset, cons
   auto finite_or_zero = [](const at::Tensor& m) { return at::where(m.isneginf(), at::zeros_like(m), m); };
   const at::Tensor chunk_max = std::get<0>(lf.max(1));
   const at::Tensor chunk_shift = finite_or_zero(chunk_max);
-  const at::Tensor chunk_sum = (lf - chunk_shift.unsqueeze(1)).exp().sum(1);  // relative to chunk_shift
+  const at::Tensor chunk_sum = (lf - chunk_shift.unsqueeze(1)).exp_().sum(1);  // relative to chunk_shift
   const at::Tensor new_max = at::maximum(run_max, chunk_max);
   const at::Tensor new_shift = finite_or_zero(new_max);
   run_sum.copy_(run_sum * (run_max - new_shift).exp() + chunk_sum * (chunk_shift - new_shift).exp());

@@ -56,14 +56,13 @@ void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
   acc.add_(at::mm(a, b));
 }
 
-// Tokens a chunk holds: where the kernels run, the chunk's logits stay in the compute dtype alone (the kernels read
-// them and rewrite them in place as their gradient), so a chunk takes as many tokens as chunk_tokens rows of the
-// unfused ops' working set (compute-dtype logits, their fp32 copy and the compute-dtype gradient: memory_plan.cc's
-// head phase) hold: 4x in bf16, 3x in fp32.
+// Tokens a chunk holds within the bytes memory_plan.cc's head phase gives chunk_tokens tokens' logits (e + 4 + e a
+// logit). Where the kernels run, the logits stay in the compute dtype alone (the kernels read them and rewrite them
+// in place as their gradient): 4x chunk_tokens in bf16, 3x in fp32. The ATen row operations hold the logits and two
+// fp32 temporaries at once (e + 8): 0.8x in bf16, 1x in fp32.
 int64_t TokensPerChunk(const at::Tensor& h, int64_t chunk_tokens) {
-  if (!UseFusedKernels(h)) return chunk_tokens;
   const int64_t e = h.element_size();
-  return chunk_tokens * (e + 4 + e) / e;
+  return std::max<int64_t>(1, chunk_tokens * (e + 4 + e) / (UseFusedKernels(h) ? e : e + 8));
 }
 
 // The token-chunked form: the tokens in chunks, each against the whole vocabulary, so a chunk's log-sum-exp is

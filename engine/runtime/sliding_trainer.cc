@@ -122,9 +122,11 @@ StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerO
   if (plan.checkpoints_on_host && request.streamed_ring_bytes > 0) {
     // Nothing streams beside parked layer inputs (PlannedDeviceUpdateShare): plan again without the streamed ring, the
     // inputs kept parked (the ring's room could otherwise tip the choice back to the device, where the share would
-    // apply unplanned).
+    // apply unplanned) and the window kept (a wider one could cost resident layers and grow the host side past a
+    // budget the first plan met; with both kept the room can only go to resident layers).
     request.streamed_ring_bytes = 0;
     request.checkpoints = CheckpointPlacement::kHost;
+    request.window = plan.window;
     return PlanMemory(request);
   }
   return plan;

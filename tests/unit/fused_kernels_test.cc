@@ -269,6 +269,7 @@ TEST(FusedKernels, LmHeadCrossEntropyLargeLogitsAndNaN_CUDA) {
 
 // The weight gradient of bf16 operands is summed over the token chunks in fp32 (one rounding): the cuBLAS path
 // with fp32 output was taken, not the fallback that rounds each chunk's product (32 tokens: two chunks of 4 x 4).
+// The choice is remembered per process: ctest runs this test alone, so the answer is this head's.
 TEST(FusedKernels, LmHeadGradientAccumulatesInFp32_CUDA) {
   SKIP_WITHOUT_CUDA();
   const at::Tensor h = at::randn({32, 64}).to(at::kCUDA, at::kBFloat16).requires_grad_(true);

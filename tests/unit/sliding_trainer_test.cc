@@ -777,12 +777,15 @@ TEST(SlidingTrainer, CreateDropsTheStreamedRingWhereTheBudgetParksLayerInputs) {
   r.window = 2;  // fixed, so that the budget decides the inputs' placement alone
   r.device_reserved_bytes = 0;
   r.streamed_ring_bytes = so.DeviceUpdateRingBytes();
-  auto total = [&](CheckpointPlacement where, int64_t ring) {
+  auto total = [&](CheckpointPlacement where, int64_t ring) {  // the planner's own totals (no re-plan)
     PlanRequest q = r;
+    q.model = cfg;
+    q.compute_dtype = o.compute_dtype;
+    q.lm_head_chunk_tokens = o.loss.chunk_tokens;
     q.checkpoints = where;
     q.streamed_ring_bytes = ring;
     q.device_budget_bytes = 1ll << 40;
-    return testing::ValueOrDie(SlidingTrainer::Plan(cfg, o, q)).device_total;
+    return testing::ValueOrDie(PlanMemory(q)).device_total;
   };
   const int64_t ring = r.streamed_ring_bytes;
   ASSERT_LT(total(CheckpointPlacement::kHost, ring), total(CheckpointPlacement::kDevice, ring));
