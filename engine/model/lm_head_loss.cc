@@ -56,6 +56,30 @@ void AddMatmulFp32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
   acc.add_(at::mm(a, b));
 }
 
+// Every token's running maximum and sum(exp) of its logits and its target's logit (fp32 [n]), folded chunk by chunk
+// by CrossEntropyChunkStats; both forms' log-sum-exp and loss come from them.
+struct RowStats {
+  RowStats(int64_t n, const at::TensorOptions& f32)
+      : max(at::full({n}, -std::numeric_limits<float>::infinity(), f32)),
+        sum(at::zeros({n}, f32)),
+        picked(at::zeros({n}, f32)) {}
+  // Folds logits [rows, cols] (vocabulary ids from vocab_offset) of the tokens [row0, row0 + rows).
+  void Fold(const at::Tensor& logits, int64_t vocab_offset, const at::Tensor& targets, int64_t vocab, int64_t row0) {
+    const int64_t rows = logits.size(0);
+    at::Tensor m = max.narrow(0, row0, rows), s = sum.narrow(0, row0, rows), p = picked.narrow(0, row0, rows);
+    CrossEntropyChunkStats(logits, vocab_offset, targets.narrow(0, row0, rows), vocab, m, s, p);
+  }
+  at::Tensor Lse(int64_t row0, int64_t rows) const {
+    return max.narrow(0, row0, rows) + sum.narrow(0, row0, rows).log();
+  }
+  // sum over valid targets of (lse - the target's logit) / normalizer, from every token's lse.
+  at::Tensor Loss(const at::Tensor& lse, const at::Tensor& targets, int64_t vocab, double normalizer) const {
+    const at::Tensor valid = targets.ge(0) & targets.lt(vocab);
+    return at::where(valid, lse - picked, at::zeros({}, lse.options())).sum().div_(normalizer);
+  }
+  at::Tensor max, sum, picked;
+};
+
 // Tokens a chunk holds within the bytes memory_plan.cc's head phase gives chunk_tokens tokens' logits (e + 4 + e a
 // logit). Where the kernels run, the logits stay in the compute dtype alone (the kernels read them and rewrite them
 // in place as their gradient): 4x chunk_tokens in bf16, 3x in fp32. The ATen row operations hold the logits and two
@@ -79,8 +103,7 @@ struct TokenChunkedLmHeadCe : public torch::autograd::Function<TokenChunkedLmHea
     const at::Tensor hc = h.contiguous();
     const int64_t rows = TokensPerChunk(h, chunk_tokens);
     const auto f32 = h.options().dtype(at::kFloat);
-    at::Tensor run_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
-    at::Tensor run_sum = at::zeros({n}, f32), picked = at::zeros({n}, f32);
+    RowStats stats(n, f32);
     at::Tensor grad_h, grad_w32;
     if (need_grad) {
       grad_h = at::empty_like(hc);
@@ -88,20 +111,16 @@ struct TokenChunkedLmHeadCe : public torch::autograd::Function<TokenChunkedLmHea
     }
     for (int64_t start = 0; start < n; start += rows) {
       const int64_t len = std::min(rows, n - start);
-      const at::Tensor h_rows = hc.narrow(0, start, len), t_rows = t.narrow(0, start, len);
-      at::Tensor row_max = run_max.narrow(0, start, len), row_sum = run_sum.narrow(0, start, len);
-      at::Tensor row_picked = picked.narrow(0, start, len);
+      const at::Tensor h_rows = hc.narrow(0, start, len);
       at::Tensor g = at::mm(h_rows, weight.t());  // [len, V] logits, then their gradient
-      CrossEntropyChunkStats(g, 0, t_rows, vocab, row_max, row_sum, row_picked);
+      stats.Fold(g, 0, t, vocab, start);
       if (!need_grad) continue;
-      CrossEntropyChunkGrad(g, 0, t_rows, vocab, row_max + row_sum.log(), 1.0 / normalizer);
+      CrossEntropyChunkGrad(g, 0, t.narrow(0, start, len), vocab, stats.Lse(start, len), 1.0 / normalizer);
       at::Tensor grad_h_rows = grad_h.narrow(0, start, len);
       at::mm_out(grad_h_rows, g, weight);
       AddMatmulFp32(grad_w32, g.t(), h_rows);
     }
-    const at::Tensor lse = run_max + run_sum.log();
-    const at::Tensor valid = t.ge(0) & t.lt(vocab);
-    at::Tensor loss = at::where(valid, lse - picked, at::zeros({}, f32)).sum().div_(normalizer);
+    at::Tensor loss = stats.Loss(stats.Lse(0, n), t, vocab, normalizer);
     if (need_grad) StashGradients(ctx, grad_h, ConvertDtype(grad_w32, weight.scalar_type()));
     return loss;
   }
@@ -129,16 +148,13 @@ struct VocabChunkedLmHeadCe : public torch::autograd::Function<VocabChunkedLmHea
     const int64_t budget = std::max<int64_t>(1, chunk_tokens * vocab / std::max<int64_t>(n, 1));
     const int64_t cols = std::min<int64_t>(vocab, budget >= 64 ? budget / 64 * 64 : budget);
     const auto f32 = h.options().dtype(at::kFloat);
-    at::Tensor run_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
-    at::Tensor run_sum = at::zeros({n}, f32), picked = at::zeros({n}, f32);
+    RowStats stats(n, f32);
     for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
       const int64_t len = std::min(cols, vocab - v0);
-      const at::Tensor logits = at::mm(hc, weight.narrow(0, v0, len).t());  // [n, len]
-      CrossEntropyChunkStats(logits, v0, t, vocab, run_max, run_sum, picked);
+      stats.Fold(at::mm(hc, weight.narrow(0, v0, len).t()), v0, t, vocab, 0);  // logits [n, len]
     }
-    const at::Tensor lse = run_max + run_sum.log();
-    const at::Tensor valid = t.ge(0) & t.lt(vocab);
-    at::Tensor loss = at::where(valid, lse - picked, at::zeros({}, f32)).sum().div_(normalizer);
+    const at::Tensor lse = stats.Lse(0, n);
+    at::Tensor loss = stats.Loss(lse, t, vocab, normalizer);
     if (need_grad) {
       at::Tensor grad_w = at::empty_like(weight);
       at::Tensor grad_h32 = at::zeros({n, h.size(1)}, f32);
