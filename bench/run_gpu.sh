@@ -32,6 +32,8 @@
 #                            KERNEL_TESTS_ONLY=1 leaves out the HF parity and engine CUDA tests)
 #   bench/run_gpu.sh resident GPU tests (kernels, AdamW kernel, CUDA engine tests), then sliding_bench with the
 #                            resident layers the 24 GiB budget holds against none (RESIDENT_SPECS="shape:batch ...")
+#   bench/run_gpu.sh memory  the GPU tests (engine, kernels, HF parity), then sliding_bench with each phase's peak device
+#                            memory beside the plan's estimate (MEMORY_RUNS="shape:batch[:checkpoints] ...")
 #   bench/run_gpu.sh matrix  sliding_bench over MATRIX_RUNS="shape:batch:max_grad_norm ..." as slided runs GPU jobs
 #                            (automatic resident layers, streamed-update share SHARE=0.3)
 #   bench/run_gpu.sh stream  sliding_bench with a share of the host layers updated on the GPU against none, weights
@@ -200,6 +202,23 @@ case "$phase" in
         traced "s-$shape-$batch-$share" "$shape" "$batch" 1024 6 2 cuda 1.0
       echo "$spec done after $((SECONDS - start)) s"
       grep 'sliding_bench: step' "$OUT/bench.err" | tail -1
+    done ;;
+  memory)
+    # What each phase of a step holds on the device against the plan (SLIDE_PHASE_MEMORY=1: a phase_memory line per
+    # run), as slided runs GPU jobs: automatic resident layers and checkpoints, the streamed share slided uses.
+    start=$SECONDS
+    build_gpu sliding_bench engine_tests model_tests parity_tests
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    timeout 100 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' >> "$OUT/gpu_tests.log" 2>&1
+    timeout 100 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/gpu_tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|SLIDING' "$OUT/gpu_tests.log" | head -30
+    echo "tests done after $((SECONDS - start)) s"
+    for spec in ${MEMORY_RUNS:-llama-3b:32 llama-8b:8 llama-8b:48:host llama-3b:8}; do
+      IFS=: read -r shape batch ckpt <<< "$spec"
+      [ $((SECONDS - start)) -lt ${MEMORY_DEADLINE:-480} ] || { echo "skipped (time): $spec"; continue; }
+      SLIDE_PHASE_MEMORY=1 SLIDE_CHECKPOINTS=${ckpt:-auto} run 200 build-gpu/bench/sliding_bench $shape $batch 1024 3 2 cuda 1.0
+      echo "$spec done after $((SECONDS - start)) s"
     done ;;
   matrix)
     # The engine's figures over shapes, batches and clipping as a GPU job runs them (automatic resident layers,

@@ -207,6 +207,9 @@ int main(int argc, char** argv) {
   so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
   so.weights_first = wf == "on" ? WeightsFirst::kOn : wf == "off" ? WeightsFirst::kOff : WeightsFirst::kAuto;
   so.host_huge_pages = env_int("SLIDE_HUGE_PAGES", 1) != 0;  // 0: the host state on small pages (the comparison)
+  // SLIDE_PHASE_MEMORY=1: each phase's peak device memory beside the plan's estimate of it (a second JSON line); the
+  // allocator's peak then restarts at each phase, so peak_allocated is the largest phase's.
+  so.measure_phase_memory = env_int("SLIDE_PHASE_MEMORY", 0) != 0;
   SlidingTrainer trainer(cfg, std::move(init), so);
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
   if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
@@ -243,9 +246,18 @@ int main(int argc, char** argv) {
   int schedule_n[2] = {0, 0};
   bool posted_first = trainer.last_busy().weights_first, ran_before = false, have_before = false;
   double loss = 0;
+  PhaseMemory phases;  // the largest of each phase over the timed steps
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
     loss = trainer.Step(batch_for(s)).loss;
+    const PhaseMemory& p = trainer.last_phase_memory();
+    for (auto [total, step] : {std::pair{&phases.step_start, p.step_start},
+                               {&phases.forward, p.forward},
+                               {&phases.head, p.head},
+                               {&phases.layers, p.layers},
+                               {&phases.embedding, p.embedding},
+                               {&phases.update, p.update}})
+      *total = std::max(*total, step);
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
         sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
@@ -317,8 +329,9 @@ int main(int argc, char** argv) {
       "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
       "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
       "{\"reserved_after_step1\": "
-      "%lld, \"reserved_after_last\": %lld, \"cudamalloc_calls_after_step1\": %lld, \"cudamalloc_calls_after_last\": "
-      "%lld, \"peak_allocated\": %lld, \"alloc_retries\": %lld, \"ooms\": %lld}, \"note\": \"device compute/h2d/d2h "
+      "%lld, \"reserved_after_last\": %lld, \"device_allocs_after_step1\": %lld, \"device_allocs_after_last\": "
+      "%lld, \"peak_allocated\": %lld, \"alloc_retries\": %lld, \"ooms\": %lld, \"expandable_segments\": %s}, "
+      "\"note\": \"device compute/h2d/d2h "
       "busy from CUDA "
       "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
       "step / busiest resource (1 = all else hidden)\"}\n",
@@ -339,7 +352,30 @@ int main(int argc, char** argv) {
       trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
       trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
-      (long long)after_first.segments_allocated, (long long)after_last.segments_allocated,
-      (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms);
+      (long long)after_first.device_allocations, (long long)after_last.device_allocations,
+      (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms,
+      after_last.expandable_segments ? "true" : "false");
+  if (so.measure_phase_memory && device.is_cuda()) {
+    // The plan's estimate at each phase: what stays allocated (slots, edges, resident layers, the streamed ring),
+    // the layer inputs while they are held, and the phase's transient; the reserve (context, workspaces) is not the
+    // allocator's.
+    const int64_t steady = plan.slot_bytes + plan.edge_bytes + plan.resident_bytes + plan.streamed_ring_bytes;
+    std::printf(
+        "{\"bench\": \"phase_memory\", \"shape\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"resident_layers\": %lld, "
+        "\"checkpoints_on_host\": %s, \"expandable_segments\": %s, \"measured\": {\"step_start\": %lld, \"forward\": "
+        "%lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld, \"update\": %lld}, \"planned\": {\"step_start\": "
+        "%lld, \"forward\": %lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld}, "
+        "\"planned_total_less_reserve\": "
+        "%lld, \"peak_reserved\": %lld}\n",
+        shape.c_str(), (long long)batch, (long long)seq, (long long)plan.resident_layers,
+        plan.checkpoints_on_host ? "true" : "false", after_last.expandable_segments ? "true" : "false",
+        (long long)phases.step_start, (long long)phases.forward, (long long)phases.head, (long long)phases.layers,
+        (long long)phases.embedding, (long long)phases.update, (long long)steady,
+        (long long)(steady + plan.checkpoint_bytes),
+        (long long)(steady + plan.checkpoint_bytes + plan.head_phase_bytes),
+        (long long)(steady + plan.checkpoint_bytes + plan.layer_phase_bytes),
+        (long long)(steady + plan.embed_phase_bytes), (long long)(plan.device_total - plan.reserved_bytes),
+        (long long)after_last.peak_reserved_bytes);
+  }
   return 0;
 }

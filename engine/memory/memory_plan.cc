@@ -48,6 +48,9 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   const int64_t layer_phase = 2 * s.tokens * per_token * e + s.max_layer * e + 2 * s.tokens * s.hidden * e;
   // Embedding phase: its gradient.
   const int64_t embed_phase = s.embed * e + s.tokens * s.hidden * e;
+  p.head_phase_bytes = head_phase;
+  p.layer_phase_bytes = layer_phase;
+  p.embed_phase_bytes = embed_phase;
   p.peak_work_bytes = std::max({head_phase, layer_phase, embed_phase});
   p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
                    p.resident_bytes + p.streamed_ring_bytes;

@@ -56,6 +56,7 @@ struct MemoryPlan {
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;
   int64_t peak_work_bytes = 0;  // the largest transient phase (head loss or a layer's recompute + backward)
+  int64_t head_phase_bytes = 0, layer_phase_bytes = 0, embed_phase_bytes = 0;  // each phase's transient
   int64_t reserved_bytes = 0;
   int64_t device_total = 0;
   // Host bytes.

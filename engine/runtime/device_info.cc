@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -11,6 +12,8 @@
 #include <algorithm>
 
 #if SLIDE_HAVE_CUDA
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -43,18 +46,36 @@ DeviceAllocatorStats ReadDeviceAllocatorStats() {
     constexpr size_t kAll = 0;  // StatType::AGGREGATE
     out.reserved_bytes = s.reserved_bytes[kAll].current;
     out.peak_reserved_bytes = s.reserved_bytes[kAll].peak;
+    out.allocated_bytes = s.allocated_bytes[kAll].current;
     out.peak_allocated_bytes = s.allocated_bytes[kAll].peak;
-    out.segments_allocated = s.segment[kAll].allocated;
+    out.device_allocations = s.num_device_alloc;
     out.alloc_retries = s.num_alloc_retries;
     out.ooms = s.num_ooms;
+    out.expandable_segments = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
   }
 #endif
   return out;
 }
 
+void RestartDevicePeak() {
+#if SLIDE_HAVE_CUDA
+  if (at::hasCUDA()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+#endif
+}
+
+std::string AllocatorSettingsWithExpandableSegments(const std::string& user_settings) {
+  if (user_settings.find("expandable_segments") != std::string::npos) return "";
+  return user_settings.empty() ? "expandable_segments:True" : user_settings + ",expandable_segments:True";
+}
+
 void LimitDeviceMemory(int64_t budget_bytes) {
 #if SLIDE_HAVE_CUDA
   if (at::hasCUDA() && budget_bytes > 0) {
+    const char* user = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    if (user == nullptr || *user == '\0') user = std::getenv("PYTORCH_ALLOC_CONF");  // the device-generic name
+    if (const std::string settings = AllocatorSettingsWithExpandableSegments(user != nullptr ? user : "");
+        !settings.empty())
+      c10::CachingAllocator::setAllocatorSettings(settings);
     at::globalContext().lazyInitDevice(at::kCUDA);  // the allocator must exist before it takes a limit
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && total_bytes > 0)

@@ -805,6 +805,26 @@ double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
   return loss_sum.item<double>();
 }
 
+int64_t PhaseMemory::Max() const { return std::max({step_start, forward, head, layers, embedding, update}); }
+
+namespace {
+// Peaks one phase at a time: Begin restarts the allocator's peak, End folds the phase's peak into `peak` (max over
+// micro-batches and layers). Off: does nothing.
+class PhasePeakProbe {
+ public:
+  explicit PhasePeakProbe(bool on) : on_(on) {}
+  void Begin() const {
+    if (on_) RestartDevicePeak();
+  }
+  void End(int64_t& peak) const {
+    if (on_) peak = std::max(peak, ReadDeviceAllocatorStats().peak_allocated_bytes);
+  }
+
+ private:
+  bool on_;
+};
+}  // namespace
+
 StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
@@ -844,6 +864,9 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   const int embed_slot = static_cast<int>(W), head_slot = embed_slot + 1;
   device_sqnorm_.clear();
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
+  const PhasePeakProbe probe(opts_.measure_phase_memory && on_cuda_);
+  phase_memory_ = PhaseMemory{};
+  if (opts_.measure_phase_memory && on_cuda_) phase_memory_.step_start = ReadDeviceAllocatorStats().allocated_bytes;
 
   LoadEdgeUnit(/*head=*/false);
   for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
@@ -853,12 +876,15 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
     const RopeTables& rope = Rope(ids.size(1));
 
     std::vector<at::Tensor> parked(L);
+    probe.Begin();
     at::Tensor x = ForwardTrunk(ids, rope, &parked);
+    probe.End(phase_memory_.forward);
 
     // Head: forward and backward at once (the chunked loss computes its gradients in the forward).
     at::Tensor embed_leaf = embed_dev_.detach().requires_grad_(true);
     at::Tensor head_leaf = head_dev_.detach().requires_grad_(true);
     at::Tensor dx;
+    probe.Begin();
     {
       at::Tensor xl = x.detach().requires_grad_(true);
       queue_->UseSlot(head_slot);
@@ -871,11 +897,13 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
       queue_->EndCompute();
     }
     LandGrad(head_unit, head_leaf.grad(), first, last);
+    probe.End(phase_memory_.head);
     if (last && !clip) PostUpdate(head_unit, lr, 1.0f, step_ + 1);
 
     // Backward through the layers in reverse, recomputing each from its saved input.
     for (int64_t i = L - 1; i >= 0; --i) {
       EnsureLoaded(i);
+      probe.Begin();
       const int w = static_cast<int>(i % W);
       const bool in_slot = !Resident(1 + i);
       at::Tensor weights = SlotView(i).detach().requires_grad_(true);
@@ -897,17 +925,21 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
       parked[i] = at::Tensor();
       if (i - W >= 0) EnsureLoaded(i - W);
       LandGrad(1 + i, weights.grad(), first, last);
+      probe.End(phase_memory_.layers);
       if (last && !clip) PostUpdate(1 + i, lr, 1.0f, step_ + 1);
     }
 
     // Embedding backward; with tied weights embed_leaf already holds the LM head's share.
+    probe.Begin();
     queue_->BeginCompute();
     at::Tensor x0 = EmbeddingForward(layout_.embed(), embed_leaf, ids);
     x0.backward(dx);
     queue_->EndCompute();
     LandGrad(0, embed_leaf.grad(), first, last);
+    probe.End(phase_memory_.embedding);
     if (last && !clip) PostUpdate(0, lr, 1.0f, step_ + 1);
   }
+  probe.Begin();
 
   // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
   stats.loss = loss_sum.item<double>();
@@ -938,6 +970,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   stats.lr = lr;
   std::vector<TraceSpan> device_spans;
   QueueBusy q = queue_->TakeBusy(opts_.trace ? &device_spans : nullptr);
+  probe.End(phase_memory_.update);
   if (opts_.trace) {
     std::lock_guard<std::mutex> lock(trace_mu_);
     trace_ = std::move(pending_trace_);

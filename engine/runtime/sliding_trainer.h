@@ -77,6 +77,21 @@ struct SlidingOptions {
   // The host-held fp32 master, moments and gradient sums in their own mappings (HostArray), advised for
   // transparent huge pages; off: advised against them (small pages even where THP is "always").
   bool host_huge_pages = true;
+  // Measure each phase's peak device memory in every step (last_phase_memory; CUDA only). Restarts the caching
+  // allocator's peak counter at each phase, so the process-wide peak it keeps is lost (benchmarks and tests).
+  bool measure_phase_memory = false;
+};
+
+// The caching allocator's peak allocated bytes in each phase of the last step (SlidingOptions::
+// measure_phase_memory), absolute: what the memory plan's device total less its reserve estimates at that phase.
+struct PhaseMemory {
+  int64_t step_start = 0;  // allocated as the step began: weights, slots, resident state, the trainer's buffers
+  int64_t forward = 0;     // the layers' forward without autograd (layer inputs kept)
+  int64_t head = 0;        // the LM head's loss and gradients
+  int64_t layers = 0;      // the largest of the layers' recompute + backward
+  int64_t embedding = 0;   // the embedding's backward
+  int64_t update = 0;      // from the embedding's gradient to the step's end: the norm, the device updates
+  int64_t Max() const;
 };
 
 // The share GPU jobs stream (bf16, no NVMe tier). Measured on the H200 box (f2c8475): 3B batch 8 with 8 resident
@@ -159,6 +174,7 @@ class SlidingTrainer {
   const ModelLayout& layout() const { return layout_; }
   const StateTier* tier() const { return tier_.get(); }  // null without the NVMe tier
   const ResourceBusy& last_busy() const { return busy_; }
+  const PhaseMemory& last_phase_memory() const { return phase_memory_; }  // zeros unless measured
   // With options.trace: the spans of the last step, from its start until its GPU work finished (updates it
   // posted that ran on into the next step are in the next step's trace).
   const std::vector<TraceSpan>& last_trace() const { return trace_; }
@@ -303,6 +319,7 @@ class SlidingTrainer {
   std::atomic<int64_t> weights_only_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};
   ResourceBusy busy_;
+  PhaseMemory phase_memory_;
   std::vector<TraceSpan> trace_;          // the last step's timeline (options.trace)
   std::vector<TraceSpan> pending_trace_;  // spans since then; update tasks append from the worker thread
   std::mutex trace_mu_;

@@ -680,13 +680,46 @@ TEST(SlidingTrainer, NoDeviceAllocationAfterTheFirstStepAndWithinBudget_CUDA) {
   for (int64_t s = 1; s <= 5; ++s) trainer.Step(Batch(s, 2, fx.config.vocab_size, cuda));
   trainer.WaitForUpdates();
   const DeviceAllocatorStats last = ReadDeviceAllocatorStats();
-  std::printf("SLIDING allocator: reserved %lld -> %lld bytes, cudaMalloc calls %lld -> %lld, peak %lld\n",
-              (long long)first.reserved_bytes, (long long)last.reserved_bytes, (long long)first.segments_allocated,
-              (long long)last.segments_allocated, (long long)last.peak_reserved_bytes);
-  EXPECT_EQ(last.segments_allocated, first.segments_allocated);
+  std::printf("SLIDING allocator: reserved %lld -> %lld bytes, device allocations %lld -> %lld, peak %lld%s\n",
+              (long long)first.reserved_bytes, (long long)last.reserved_bytes, (long long)first.device_allocations,
+              (long long)last.device_allocations, (long long)last.peak_reserved_bytes,
+              last.expandable_segments ? ", expandable segments" : "");
+  EXPECT_EQ(last.device_allocations, first.device_allocations);
   EXPECT_EQ(last.reserved_bytes, first.reserved_bytes);
   EXPECT_LE(last.peak_reserved_bytes, budget);
+  const char* user = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (user == nullptr || std::string(user).find("expandable_segments") == std::string::npos) {
+    EXPECT_TRUE(last.expandable_segments) << "the budget's limit turns on expandable segments";
+  }
   LimitDeviceMemory(std::numeric_limits<int64_t>::max());  // give the rest of the suite the whole device back
+}
+
+// Each phase's peak is measured on its own: the forward holds every layer input beside what the step began with,
+// the head and the layers' backward allocate above that, and a step without the option measures nothing.
+TEST(SlidingTrainer, MeasuresEachPhasesPeakDeviceMemory_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  const c10::Device cuda(c10::kCUDA, 0);
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  SlidingTrainer trainer(fx.config, init,
+                         {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1, .measure_phase_memory = true});
+  trainer.Step(Batch(0, 1, fx.config.vocab_size, cuda));
+  trainer.WaitForUpdates();
+  const PhaseMemory p = trainer.last_phase_memory();
+  std::printf("SLIDING phases: start %lld forward %lld head %lld layers %lld embedding %lld update %lld\n",
+              (long long)p.step_start, (long long)p.forward, (long long)p.head, (long long)p.layers,
+              (long long)p.embedding, (long long)p.update);
+  const int64_t inputs = fx.config.num_layers * 2 * 16 * fx.config.hidden_size * 2;  // [2, 16] tokens, bf16
+  EXPECT_GT(p.step_start, 0);
+  EXPECT_GE(p.forward, p.step_start + inputs);
+  EXPECT_GT(p.head, p.step_start + inputs);
+  EXPECT_GT(p.layers, p.step_start);
+  EXPECT_GT(p.embedding, p.step_start);
+  EXPECT_EQ(p.Max(), std::max({p.step_start, p.forward, p.head, p.layers, p.embedding, p.update}));
+
+  SlidingTrainer unmeasured(fx.config, init, {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1});
+  unmeasured.Step(Batch(0, 1, fx.config.vocab_size, cuda));
+  EXPECT_EQ(unmeasured.last_phase_memory().Max(), 0);
 }
 
 TEST(SlidingTrainer, ReusesSlotsWhenTheWindowHoldsTheModel) {
