@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
       (long long)after_first.device_allocations, (long long)after_last.device_allocations,
       (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms,
-      after_last.expandable_segments ? "true" : "false");
+      DeviceSegmentsExpandable() ? "true" : "false");
   if (so.measure_phase_memory && device.is_cuda()) {
     // The plan's estimate at each phase: what stays allocated (slots, edges, resident layers, the streamed ring),
     // the layer inputs while they are held, and the phase's transient; the reserve (context, workspaces) is not the
@@ -368,7 +368,7 @@ int main(int argc, char** argv) {
         "\"planned_total_less_reserve\": "
         "%lld, \"peak_reserved\": %lld}\n",
         shape.c_str(), (long long)batch, (long long)seq, (long long)plan.resident_layers,
-        plan.checkpoints_on_host ? "true" : "false", after_last.expandable_segments ? "true" : "false",
+        plan.checkpoints_on_host ? "true" : "false", DeviceSegmentsExpandable() ? "true" : "false",
         (long long)phases.step_start, (long long)phases.forward, (long long)phases.head, (long long)phases.layers,
         (long long)phases.embedding, (long long)phases.update, (long long)steady,
         (long long)(steady + plan.checkpoint_bytes),

@@ -13,7 +13,6 @@
 
 #if SLIDE_HAVE_CUDA
 #include <c10/core/AllocatorConfig.h>
-#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -51,10 +50,21 @@ DeviceAllocatorStats ReadDeviceAllocatorStats() {
     out.device_allocations = s.num_device_alloc;
     out.alloc_retries = s.num_alloc_retries;
     out.ooms = s.num_ooms;
-    out.expandable_segments = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
   }
 #endif
   return out;
+}
+
+bool DeviceSegmentsExpandable() {
+#if SLIDE_HAVE_CUDA
+  if (at::hasCUDA()) {
+    // The allocator's own segments: a setting read through the headers here would report the build of this file
+    // (without the driver API's macro), not the allocator's.
+    for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false).segments)
+      if (segment.is_expandable) return true;
+  }
+#endif
+  return false;
 }
 
 void RestartDevicePeak() {

@@ -25,9 +25,12 @@ int64_t PeakResidentHostBytes();
 struct DeviceAllocatorStats {
   int64_t reserved_bytes = 0, peak_reserved_bytes = 0, allocated_bytes = 0, peak_allocated_bytes = 0;
   int64_t device_allocations = 0, alloc_retries = 0, ooms = 0;
-  bool expandable_segments = false;  // the allocator grows mapped segments instead of caching fixed ones
 };
 DeviceAllocatorStats ReadDeviceAllocatorStats();
+
+// Whether the caching allocator holds expandable segments on device 0 (grown by mapping pages instead of cached
+// as fixed blocks): false without CUDA or before any allocation. Walks the allocator's segments (not per step).
+bool DeviceSegmentsExpandable();
 
 // From now on the allocated-bytes peak counts from what is allocated now (a phase's own peak; the process-wide
 // peak is lost). No-op without CUDA.

@@ -28,7 +28,7 @@ TEST(DeviceInfo, WithoutCudaTheAllocatorCountsNothingAndTakesNoLimit) {
   LimitDeviceMemory(int64_t(1) << 30);
   RestartDevicePeak();
   const DeviceAllocatorStats stats = ReadDeviceAllocatorStats();
-  EXPECT_FALSE(stats.expandable_segments);
+  EXPECT_FALSE(DeviceSegmentsExpandable());
   EXPECT_EQ(stats.device_allocations, 0);
   EXPECT_EQ(stats.peak_allocated_bytes, 0);
 }
