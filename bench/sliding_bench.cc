@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
   if (so.measure_phase_memory && device.is_cuda()) {
     // The plan's estimate at each phase: what stays allocated (slots, edges, resident layers, the streamed ring),
     // the layer inputs while they are held, and the phase's transient; the reserve (context, workspaces) is not the
-    // allocator's.
+    // allocator's. (Until 6e8494d the plan had no forward phase: "forward" was its inputs alone.)
     const int64_t steady = plan.slot_bytes + plan.edge_bytes + plan.resident_bytes + plan.streamed_ring_bytes;
     std::printf(
         "{\"bench\": \"phase_memory\", \"shape\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"resident_layers\": %lld, "
@@ -371,11 +371,11 @@ int main(int argc, char** argv) {
         plan.checkpoints_on_host ? "true" : "false", DeviceSegmentsExpandable() ? "true" : "false",
         (long long)phases.step_start, (long long)phases.forward, (long long)phases.head, (long long)phases.layers,
         (long long)phases.embedding, (long long)phases.update, (long long)steady,
-        (long long)(steady + plan.checkpoint_bytes),
+        (long long)(steady + plan.checkpoint_bytes + plan.forward_phase_bytes),
         (long long)(steady + plan.checkpoint_bytes + plan.head_phase_bytes),
         (long long)(steady + plan.checkpoint_bytes + plan.layer_phase_bytes),
-        (long long)(steady + plan.embed_phase_bytes), (long long)(plan.device_total - plan.reserved_bytes),
-        (long long)after_last.peak_reserved_bytes);
+        (long long)(steady + (plan.checkpoints_on_host ? plan.checkpoint_bytes : 0) + plan.embed_phase_bytes),
+        (long long)(plan.device_total - plan.reserved_bytes), (long long)after_last.peak_reserved_bytes);
   }
   return 0;
 }

@@ -46,12 +46,22 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   // projections, gate/up/activation/product) plus as many temporaries during backward, and the layer gradient.
   const int64_t per_token = 5 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim() + 4 * m.intermediate_size;
   const int64_t layer_phase = 2 * s.tokens * per_token * e + s.max_layer * e + 2 * s.tokens * s.hidden * e;
-  // Embedding phase: its gradient.
-  const int64_t embed_phase = s.embed * e + s.tokens * s.hidden * e;
-  p.head_phase_bytes = head_phase;
-  p.layer_phase_bytes = layer_phase;
-  p.embed_phase_bytes = embed_phase;
-  p.peak_work_bytes = std::max({head_phase, layer_phase, embed_phase});
+  // Forward phase: a layer's activations without autograd beside the kept inputs (0.78-0.84 of this per-token
+  // count measured on one H100 box, ad69f40, bench/results/2026-12-06-h100-phase-memory.jsonl).
+  const int64_t forward_phase = s.tokens * per_token * e;
+  // Embedding phase: its gradient is summed in fp32 and rounded to the compute dtype, beside the LM head's share
+  // already held when the weights are tied; the gradient flowing in, the recomputed output, and the incoming
+  // gradient in fp32.
+  const int64_t embed_phase =
+      s.embed * (4 + e) + (m.tie_word_embeddings ? lm * e : 0) + s.tokens * s.hidden * (2 * e + 4);
+  // Every phase also holds small tensors the terms above leave out (the rotary tables, token ids, losses, norms) and
+  // the allocator's rounding of each block: 64 MiB.
+  constexpr int64_t kSmallTensors = int64_t(64) << 20;
+  p.forward_phase_bytes = forward_phase + kSmallTensors;
+  p.head_phase_bytes = head_phase + kSmallTensors;
+  p.layer_phase_bytes = layer_phase + kSmallTensors;
+  p.embed_phase_bytes = embed_phase + kSmallTensors;
+  p.peak_work_bytes = std::max({p.forward_phase_bytes, p.head_phase_bytes, p.layer_phase_bytes, p.embed_phase_bytes});
   p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
                    p.resident_bytes + p.streamed_ring_bytes;
   return p;

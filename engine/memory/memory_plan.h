@@ -55,8 +55,10 @@ struct MemoryPlan {
   int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;
-  int64_t peak_work_bytes = 0;  // the largest transient phase (head loss or a layer's recompute + backward)
-  int64_t head_phase_bytes = 0, layer_phase_bytes = 0, embed_phase_bytes = 0;  // each phase's transient
+  int64_t peak_work_bytes = 0;  // the largest transient phase (forward, head, a layer's backward, embedding)
+  // Each phase's transient, above the resident buffers and the kept layer inputs (the embedding's: above the
+  // resident buffers and, when parked, the two device buffers the inputs come back into).
+  int64_t forward_phase_bytes = 0, head_phase_bytes = 0, layer_phase_bytes = 0, embed_phase_bytes = 0;
   int64_t reserved_bytes = 0;
   int64_t device_total = 0;
   // Host bytes.
