@@ -54,13 +54,13 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   // gradient in fp32.
   const int64_t embed_phase =
       s.embed * (4 + e) + (m.tie_word_embeddings ? lm * e : 0) + s.tokens * s.hidden * (2 * e + 4);
-  // Every phase also holds small tensors the terms above leave out (the rotary tables, token ids, losses, norms) and
-  // the allocator's rounding of each block: 64 MiB.
-  constexpr int64_t kSmallTensors = int64_t(64) << 20;
-  p.forward_phase_bytes = forward_phase + kSmallTensors;
-  p.head_phase_bytes = head_phase + kSmallTensors;
-  p.layer_phase_bytes = layer_phase + kSmallTensors;
-  p.embed_phase_bytes = embed_phase + kSmallTensors;
+  // Every phase also holds small tensors the terms above leave out: the rotary tables (fp32 cos and sin), token ids,
+  // targets and index workspaces, and a MiB for losses, norms and the allocator's rounding of each block.
+  const int64_t small_tensors = 2 * r.seq_len * m.head_dim * 4 + s.tokens * 32 + (int64_t(1) << 20);
+  p.forward_phase_bytes = forward_phase + small_tensors;
+  p.head_phase_bytes = head_phase + small_tensors;
+  p.layer_phase_bytes = layer_phase + small_tensors;
+  p.embed_phase_bytes = embed_phase + small_tensors;
   p.peak_work_bytes = std::max({p.forward_phase_bytes, p.head_phase_bytes, p.layer_phase_bytes, p.embed_phase_bytes});
   p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
                    p.resident_bytes + p.streamed_ring_bytes;
