@@ -74,7 +74,10 @@ void RestartDevicePeak() {
 }
 
 std::string AllocatorSettingsWithExpandableSegments(const std::string& user_settings) {
-  if (user_settings.find("expandable_segments") != std::string::npos) return "";
+  // Named by the user, or another backend than the caching allocator (cudaMallocAsync has no such segments).
+  if (user_settings.find("expandable_segments") != std::string::npos ||
+      user_settings.find("cudaMallocAsync") != std::string::npos)
+    return "";
   return user_settings.empty() ? "expandable_segments:True" : user_settings + ",expandable_segments:True";
 }
 
@@ -84,8 +87,14 @@ void LimitDeviceMemory(int64_t budget_bytes) {
     const char* user = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
     if (user == nullptr || *user == '\0') user = std::getenv("PYTORCH_ALLOC_CONF");  // the device-generic name
     if (const std::string settings = AllocatorSettingsWithExpandableSegments(user != nullptr ? user : "");
-        !settings.empty())
-      c10::CachingAllocator::setAllocatorSettings(settings);
+        !settings.empty()) {
+      try {
+        c10::CachingAllocator::setAllocatorSettings(settings);
+      } catch (const c10::Error& e) {  // settings this LibTorch refuses: the allocator keeps the ones it had
+        std::fprintf(stderr, "slide: allocator settings '%s' not applied: %s\n", settings.c_str(),
+                     e.what_without_backtrace());
+      }
+    }
     at::globalContext().lazyInitDevice(at::kCUDA);  // the allocator must exist before it takes a limit
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && total_bytes > 0)

@@ -46,7 +46,7 @@ void LimitDeviceMemory(int64_t budget_bytes);
 
 // The allocator settings LimitDeviceMemory applies given the user's (PYTORCH_CUDA_ALLOC_CONF's): theirs with
 // expandable segments added (applying settings resets every setting they do not name), or empty where theirs
-// already name expandable segments (their choice stands).
+// already name expandable segments (their choice stands) or choose the cudaMallocAsync backend.
 std::string AllocatorSettingsWithExpandableSegments(const std::string& user_settings);
 
 }  // namespace slide

@@ -14,6 +14,7 @@ TEST(DeviceInfo, ExpandableSegmentsJoinTheUsersAllocatorSettings) {
   // The user's choice stands, either way.
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments("expandable_segments:False"), "");
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments("garbage_collection_threshold:0.6,expandable_segments:True"), "");
+  EXPECT_EQ(AllocatorSettingsWithExpandableSegments("backend:cudaMallocAsync"), "");  // no such segments there
 }
 
 TEST(DeviceInfo, HostMemoryIsReadFromTheSystem) {
