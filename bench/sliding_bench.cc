@@ -374,7 +374,7 @@ int main(int argc, char** argv) {
         (long long)(steady + plan.checkpoint_bytes + plan.forward_phase_bytes),
         (long long)(steady + plan.checkpoint_bytes + plan.head_phase_bytes),
         (long long)(steady + plan.checkpoint_bytes + plan.layer_phase_bytes),
-        (long long)(steady + plan.checkpoint_bytes + plan.embed_phase_bytes),
+        (long long)(steady + (plan.checkpoints_on_host ? plan.checkpoint_bytes : 0) + plan.embed_phase_bytes),
         (long long)(plan.device_total - plan.reserved_bytes), (long long)after_last.peak_reserved_bytes);
   }
   return 0;

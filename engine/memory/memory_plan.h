@@ -56,8 +56,8 @@ struct MemoryPlan {
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;
   int64_t peak_work_bytes = 0;  // the largest transient phase (forward, head, a layer's backward, embedding)
-  // Each phase's transient, above the resident buffers and the layer inputs' device buffer (every input, or the two
-  // parked ones come back into).
+  // Each phase's transient, above the resident buffers and the kept layer inputs (the embedding's: above the
+  // resident buffers and, when parked, the two device buffers the inputs come back into).
   int64_t forward_phase_bytes = 0, head_phase_bytes = 0, layer_phase_bytes = 0, embed_phase_bytes = 0;
   int64_t reserved_bytes = 0;
   int64_t device_total = 0;

@@ -396,19 +396,9 @@ void SlidingTrainer::WaitForUpdates() {
 }
 
 // The layer's input goes to its own host buffer (page-locked, exactly its size: LibTorch's pinned allocator would
-// round 384 MiB up to 512) on the D2H stream while the forward goes on. Kept on the device, it is copied into one
-// buffer that holds every layer's input: kept where the forward made them, the inputs sat between the blocks of each
-// layer's activations, so the memory those freed came back as holes the head's and the backward's larger blocks could
-// not use, and the allocator grew instead.
+// round 384 MiB up to 512) on the D2H stream while the forward goes on.
 at::Tensor SlidingTrainer::Park(const at::Tensor& x, int64_t index) {
-  if (!opts_.checkpoints_on_host) {
-    const int64_t n = x.numel(), layers = layout_.num_layers();
-    if (!kept_inputs_.defined() || kept_inputs_.numel() < layers * n || kept_inputs_.dtype() != x.dtype())
-      kept_inputs_ = at::empty({layers * n}, x.options());  // once: the plan fixes the tokens a micro-batch holds
-    at::Tensor kept = kept_inputs_.narrow(0, index * n, n).view(x.sizes());
-    kept.copy_(x);  // on the compute stream, as the layer that made x
-    return kept;
-  }
+  if (!opts_.checkpoints_on_host) return x;
   if (parked_host_.size() <= static_cast<size_t>(index)) parked_host_.resize(index + 1);
   at::Tensor& flat = parked_host_[index];
   if (!flat.defined() || flat.numel() < x.numel()) {

@@ -254,8 +254,8 @@ class SlidingTrainer {
   void TakeWorkerErrors();  // the first error of any update worker into update_error_ (sticky)
   void CheckUpdates();      // throws the first failed update's error (sticky: the state is no longer trustworthy)
   void Init();
-  at::Tensor Park(const at::Tensor& x, int64_t index);   // returns what the backward unparks (or its kept copy)
-  void Unpark(int64_t layer, const at::Tensor& parked);  // issues the copy back to the device
+  at::Tensor Park(const at::Tensor& x, int64_t index);                 // returns what the backward unparks (or x)
+  void Unpark(int64_t layer, const at::Tensor& parked);                // issues the copy back to the device
   at::Tensor ParkedOnDevice(int64_t layer, const at::Tensor& parked);  // where Unpark puts it
   int ParkedSlot(int64_t layer) const { return static_cast<int>(opts_.window + 2 + layer % 2); }
 
@@ -292,7 +292,6 @@ class SlidingTrainer {
   std::vector<at::Tensor> parked_host_;   // [layers] page-locked buffers the forward parks layer inputs in
   std::vector<at::Tensor> retired_host_;  // outgrown ones, page-locked while the queue lives
   at::Tensor parked_dev_[2];              // device buffers parked inputs come back into, by layer % 2
-  at::Tensor kept_inputs_;                // [layers * tokens * hidden] the layer inputs kept on the device
   // Weights first: the ring (made at first use), each layer's ticket while its next weights wait there (-1:
   // load from staging).
   std::unique_ptr<WeightRing> weight_ring_;
