@@ -210,12 +210,12 @@ case "$phase" in
     start=$SECONDS
     build_gpu sliding_bench engine_tests model_tests parity_tests
     echo "build ok after $((SECONDS - start)) s"
-    timeout 150 build-gpu/tests/engine_tests --gtest_filter='*CUDA*' > "$OUT/gpu_tests.log" 2>&1
+    cuda_engine_tests 150
     if [ "${MEMORY_TESTS:-all}" = all ]; then  # MEMORY_TESTS=engine: the engine's alone
-      timeout 100 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' >> "$OUT/gpu_tests.log" 2>&1
-      timeout 100 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/gpu_tests.log" 2>&1
+      timeout 100 build-gpu/tests/model_tests --gtest_filter='FusedKernels*:ChunkedLmHead*' > "$OUT/kernel_tests.log" 2>&1
+      timeout 100 build-gpu/tests/parity_tests --gtest_filter='*CUDA*' >> "$OUT/kernel_tests.log" 2>&1
+      grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure' "$OUT/kernel_tests.log" | head -20
     fi
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|SLIDING' "$OUT/gpu_tests.log" | head -30
     echo "tests done after $((SECONDS - start)) s"
     for spec in ${MEMORY_RUNS:-llama-3b:32 llama-8b:8 llama-8b:48:host llama-3b:8}; do
       IFS=: read -r shape batch ckpt resident <<< "$spec"

@@ -250,14 +250,7 @@ int main(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
     loss = trainer.Step(batch_for(s)).loss;
-    const PhaseMemory& p = trainer.last_phase_memory();
-    for (auto [total, step] : {std::pair{&phases.step_start, p.step_start},
-                               {&phases.forward, p.forward},
-                               {&phases.head, p.head},
-                               {&phases.layers, p.layers},
-                               {&phases.embedding, p.embedding},
-                               {&phases.update, p.update}})
-      *total = std::max(*total, step);
+    phases.Include(trainer.last_phase_memory());
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
         sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
@@ -281,6 +274,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
   }
   const DeviceAllocatorStats after_last = ReadDeviceAllocatorStats();
+  const bool expandable = DeviceSegmentsExpandable();  // walks the allocator's segments: once
   // Steady state: each Step() includes waiting for the previous step's updates, so the mean Step() time is the
   // throughput of a long run. The wall time until the last step's updates drained is reported as well; with few
   // steps it adds a whole update to them (the figures before c400d60 were taken that way).
@@ -354,28 +348,23 @@ int main(int argc, char** argv) {
       (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
       (long long)after_first.device_allocations, (long long)after_last.device_allocations,
       (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms,
-      DeviceSegmentsExpandable() ? "true" : "false");
+      expandable ? "true" : "false");
   if (so.measure_phase_memory && device.is_cuda()) {
-    // The plan's estimate at each phase: what stays allocated (slots, edges, resident layers, the streamed ring),
-    // the layer inputs while they are held, and the phase's transient; the reserve (context, workspaces) is not the
-    // allocator's. (Until 6e8494d the plan had no forward phase: "forward" was its inputs alone.)
-    const int64_t steady = plan.slot_bytes + plan.edge_bytes + plan.resident_bytes + plan.streamed_ring_bytes;
+    // Beside the plan's estimate of each phase (MemoryPlan::PlannedPhasePeaks; until ee3c785 the plan had no forward
+    // phase, so "forward" was its inputs alone).
+    const MemoryPlan::PhasePeaks planned = plan.PlannedPhasePeaks();
     std::printf(
         "{\"bench\": \"phase_memory\", \"shape\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"resident_layers\": %lld, "
         "\"checkpoints_on_host\": %s, \"expandable_segments\": %s, \"measured\": {\"step_start\": %lld, \"forward\": "
         "%lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld, \"update\": %lld}, \"planned\": {\"step_start\": "
         "%lld, \"forward\": %lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld}, "
-        "\"planned_total_less_reserve\": "
-        "%lld, \"peak_reserved\": %lld}\n",
+        "\"planned_total_less_reserve\": %lld, \"peak_reserved\": %lld}\n",
         shape.c_str(), (long long)batch, (long long)seq, (long long)plan.resident_layers,
-        plan.checkpoints_on_host ? "true" : "false", DeviceSegmentsExpandable() ? "true" : "false",
-        (long long)phases.step_start, (long long)phases.forward, (long long)phases.head, (long long)phases.layers,
-        (long long)phases.embedding, (long long)phases.update, (long long)steady,
-        (long long)(steady + plan.checkpoint_bytes + plan.forward_phase_bytes),
-        (long long)(steady + plan.checkpoint_bytes + plan.head_phase_bytes),
-        (long long)(steady + plan.checkpoint_bytes + plan.layer_phase_bytes),
-        (long long)(steady + (plan.checkpoints_on_host ? plan.checkpoint_bytes : 0) + plan.embed_phase_bytes),
-        (long long)(plan.device_total - plan.reserved_bytes), (long long)after_last.peak_reserved_bytes);
+        plan.checkpoints_on_host ? "true" : "false", expandable ? "true" : "false", (long long)phases.step_start,
+        (long long)phases.forward, (long long)phases.head, (long long)phases.layers, (long long)phases.embedding,
+        (long long)phases.update, (long long)planned.step_start, (long long)planned.forward, (long long)planned.head,
+        (long long)planned.layers, (long long)planned.embedding, (long long)(plan.device_total - plan.reserved_bytes),
+        (long long)after_last.peak_reserved_bytes);
   }
   return 0;
 }

@@ -186,6 +186,17 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   return best;
 }
 
+MemoryPlan::PhasePeaks MemoryPlan::PlannedPhasePeaks() const {
+  const int64_t steady = slot_bytes + edge_bytes + resident_bytes + streamed_ring_bytes;
+  const int64_t inputs = steady + checkpoint_bytes;
+  return {.step_start = steady,
+          .forward = inputs + forward_phase_bytes,
+          .head = inputs + head_phase_bytes,
+          .layers = inputs + layer_phase_bytes,
+          // The inputs kept on the device are gone by then; the two buffers parked ones come back into are not.
+          .embedding = steady + (checkpoints_on_host ? checkpoint_bytes : 0) + embed_phase_bytes};
+}
+
 std::string MemoryPlan::ToString() const {
   std::string out;
   auto row = [&](const char* name, int64_t bytes) {

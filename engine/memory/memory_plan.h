@@ -73,6 +73,14 @@ struct MemoryPlan {
   int64_t nvme_bytes = 0;    // optimizer state on disk
   int64_t nvme_layers = -1;  // the tier's layers as planned (PlanRequest::nvme_layers; the planner's pick for 0)
 
+  // The plan's estimate of the caching allocator's peak in each phase of a step (its reserve for the context and
+  // workspaces is not the allocator's): what stays allocated (slots, edges, resident layers, the streamed ring), the
+  // layer inputs' device bytes where the phase holds them, and the phase's transient.
+  struct PhasePeaks {
+    int64_t step_start = 0, forward = 0, head = 0, layers = 0, embedding = 0;
+  };
+  PhasePeaks PlannedPhasePeaks() const;
+
   std::string ToString() const;  // a readable table
 };
 

@@ -73,6 +73,14 @@ void RestartDevicePeak() {
 #endif
 }
 
+std::string UserAllocatorSettings() {
+  for (const char* name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {  // the CUDA name first, as LibTorch
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return value;
+  }
+  return "";
+}
+
 std::string AllocatorSettingsWithExpandableSegments(const std::string& user_settings) {
   // Named by the user, or another backend than the caching allocator (cudaMallocAsync has no such segments).
   if (user_settings.find("expandable_segments") != std::string::npos ||
@@ -84,9 +92,7 @@ std::string AllocatorSettingsWithExpandableSegments(const std::string& user_sett
 void LimitDeviceMemory(int64_t budget_bytes) {
 #if SLIDE_HAVE_CUDA
   if (at::hasCUDA() && budget_bytes > 0) {
-    const char* user = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-    if (user == nullptr || *user == '\0') user = std::getenv("PYTORCH_ALLOC_CONF");  // the device-generic name
-    if (const std::string settings = AllocatorSettingsWithExpandableSegments(user != nullptr ? user : "");
+    if (const std::string settings = AllocatorSettingsWithExpandableSegments(UserAllocatorSettings());
         !settings.empty()) {
       try {
         c10::CachingAllocator::setAllocatorSettings(settings);

@@ -44,7 +44,10 @@ void RestartDevicePeak();
 // without CUDA.
 void LimitDeviceMemory(int64_t budget_bytes);
 
-// The allocator settings LimitDeviceMemory applies given the user's (PYTORCH_CUDA_ALLOC_CONF's): theirs with
+// The user's allocator settings: PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF (empty when neither is set).
+std::string UserAllocatorSettings();
+
+// The allocator settings LimitDeviceMemory applies given the user's (UserAllocatorSettings): theirs with
 // expandable segments added (applying settings resets every setting they do not name), or empty where theirs
 // already name expandable segments (their choice stands) or choose the cudaMallocAsync backend.
 std::string AllocatorSettingsWithExpandableSegments(const std::string& user_settings);

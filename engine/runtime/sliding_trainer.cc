@@ -807,12 +807,25 @@ double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
 
 int64_t PhaseMemory::Max() const { return std::max({step_start, forward, head, layers, embedding, update}); }
 
+void PhaseMemory::Include(const PhaseMemory& other) {
+  for (auto [mine, theirs] : {std::pair{&step_start, other.step_start},
+                              {&forward, other.forward},
+                              {&head, other.head},
+                              {&layers, other.layers},
+                              {&embedding, other.embedding},
+                              {&update, other.update}})
+    *mine = std::max(*mine, theirs);
+}
+
 namespace {
-// Peaks one phase at a time: Begin restarts the allocator's peak, End folds the phase's peak into `peak` (max over
-// micro-batches and layers). Off: does nothing.
+// Peaks one phase at a time into `memory` (cleared, with what the step starts with): Begin restarts the allocator's
+// peak, End folds the phase's peak into `peak` (max over micro-batches and layers). Off: does nothing.
 class PhasePeakProbe {
  public:
-  explicit PhasePeakProbe(bool on) : on_(on) {}
+  PhasePeakProbe(bool on, PhaseMemory& memory) : on_(on) {
+    memory = PhaseMemory{};
+    if (on_) memory.step_start = ReadDeviceAllocatorStats().allocated_bytes;
+  }
   void Begin() const {
     if (on_) RestartDevicePeak();
   }
@@ -864,9 +877,7 @@ StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   const int embed_slot = static_cast<int>(W), head_slot = embed_slot + 1;
   device_sqnorm_.clear();
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
-  const PhasePeakProbe probe(opts_.measure_phase_memory && on_cuda_);
-  phase_memory_ = PhaseMemory{};
-  if (opts_.measure_phase_memory && on_cuda_) phase_memory_.step_start = ReadDeviceAllocatorStats().allocated_bytes;
+  const PhasePeakProbe probe(opts_.measure_phase_memory && on_cuda_, phase_memory_);
 
   LoadEdgeUnit(/*head=*/false);
   for (size_t mb = 0; mb < micro_batches.size(); ++mb) {

@@ -92,6 +92,7 @@ struct PhaseMemory {
   int64_t embedding = 0;   // the embedding's backward
   int64_t update = 0;      // from the embedding's gradient to the step's end: the norm, the device updates
   int64_t Max() const;
+  void Include(const PhaseMemory& other);  // each phase the larger of the two (peaks over several steps)
 };
 
 // The share GPU jobs stream (bf16, no NVMe tier). Measured on the H200 box (f2c8475): 3B batch 8 with 8 resident

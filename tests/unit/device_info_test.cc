@@ -3,6 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace slide {
 namespace {
 
@@ -15,6 +21,30 @@ TEST(DeviceInfo, ExpandableSegmentsJoinTheUsersAllocatorSettings) {
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments("expandable_segments:False"), "");
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments("garbage_collection_threshold:0.6,expandable_segments:True"), "");
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments("backend:cudaMallocAsync"), "");  // no such segments there
+}
+
+// PYTORCH_CUDA_ALLOC_CONF first, as LibTorch reads them; the environment is restored after.
+TEST(DeviceInfo, UserAllocatorSettingsComeFromEitherVariable) {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+    const char* v = std::getenv(name);
+    saved.emplace_back(name, v != nullptr ? std::optional<std::string>(v) : std::nullopt);
+    ::unsetenv(name);
+  }
+  EXPECT_EQ(UserAllocatorSettings(), "");
+  ::setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256", 1);
+  EXPECT_EQ(UserAllocatorSettings(), "max_split_size_mb:256");
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False", 1);
+  EXPECT_EQ(UserAllocatorSettings(), "expandable_segments:False");
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "", 1);  // set but empty: the other one
+  EXPECT_EQ(UserAllocatorSettings(), "max_split_size_mb:256");
+  for (const auto& [name, value] : saved) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
 }
 
 TEST(DeviceInfo, HostMemoryIsReadFromTheSystem) {
