@@ -6,6 +6,7 @@
 #include <functional>
 #include <set>
 
+#include "client/local_file.h"
 #include "proto/enum_short_names.h"
 
 namespace slidectl {
@@ -47,14 +48,37 @@ void SetField(JobSpec* spec, const google::protobuf::FieldDescriptor* f, const Y
   }
 }
 
+// yaml-cpp 0.7 reads a quote that is never closed as a value running to the end of the file, without an error.
+// A quoted scalar (tag "!") must find its closing quote in the text after its opening one.
+bool QuoteClosed(const std::string& text, const YAML::Node& n) {
+  if (n.Tag() != "!") return true;  // plain scalars
+  size_t i = static_cast<size_t>(n.Mark().pos);
+  while (i < text.size() && text[i] != '"' && text[i] != '\'' && text[i] != '\n') ++i;
+  if (i >= text.size() || text[i] == '\n') return true;  // not a quote we can see: the parser's business
+  const char quote = text[i];
+  for (++i; i < text.size(); ++i) {
+    if (quote == '"' && text[i] == '\\') {
+      ++i;  // an escaped character
+    } else if (text[i] == quote) {
+      if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+        ++i;  // '' is a quote inside single quotes
+      } else {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string LoadJobFile(const std::string& path, JobSpec* spec) {
+  std::string error;
+  const std::string text = ReadLocalFile(path, "job file", kMaxJobFileBytes, &error);
+  if (!error.empty()) return error;
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return path + ": cannot open job file";
+    root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     return path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML (" + e.msg + ")";
   }
@@ -72,6 +96,10 @@ std::string LoadJobFile(const std::string& path, JobSpec* spec) {
     const google::protobuf::FieldDescriptor* f = JobSpec::descriptor()->FindFieldByName(key);
     if (f == nullptr) return Where(path, it->first) + ": unknown field '" + key + "'";
     if (!it->second.IsScalar()) return Where(path, it->second) + ": field '" + key + "' must be a single value";
+    if (!QuoteClosed(text, it->second))
+      return Where(path, it->second) + ": field '" + key +
+             "': a quoted value is never closed (its quote runs to the "
+             "end of the file)";
     if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_ENUM &&
         slide::v1::FindEnumValueByShortName(f->enum_type(), it->second.Scalar()) == nullptr)
       return Where(path, it->second) + ": field '" + key + "' must be " + slide::v1::EnumShortNameList(f->enum_type()) +

@@ -8,7 +8,9 @@
 
 namespace slidectl {
 
-// Returns "" on success, else one line: "FILE:LINE: message".
+constexpr size_t kMaxJobFileBytes = 1 << 20;
+
+// Returns "" on success, else one line: "FILE:LINE: message" (or "FILE: why" when it cannot be read).
 std::string LoadJobFile(const std::string& path, slide::v1::JobSpec* spec);
 
 }  // namespace slidectl

@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "client/job_file.h"
+#include "client/local_file.h"
+#include "client/terminal_text.h"
+#include "engine/common/default_state_dir.h"
 #include "slide/v1/slide.grpc.pb.h"
 
 namespace v1 = slide::v1;
@@ -31,19 +34,54 @@ constexpr int kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3;
 const char* kHelpFooter =
     R"(exit codes: 0 done / job succeeded, 1 job failed or cancelled, 2 usage or bad input, 3 daemon unreachable
 or authentication refused. Each command has its own --help (slidectl submit --help).
-environment: SLIDE_ADDR (default 127.0.0.1:50151), SLIDE_TOKEN, SLIDE_TLS_CA)";
+environment: SLIDE_ADDR (default: the daemon's socket, unix:$XDG_DATA_HOME/slideformer/slided.sock or
+unix:~/.local/share/slideformer/slided.sock), SLIDE_TOKEN, SLIDE_TOKEN_FILE, SLIDE_TLS_CA. Over TCP without a
+token, the token a local slided generated (<state dir>/token) is used when this user can read it.)";
+
+std::string Env(const char* name) { return std::getenv(name) != nullptr ? std::getenv(name) : ""; }
 
 struct Options {
-  std::string addr = std::getenv("SLIDE_ADDR") ? std::getenv("SLIDE_ADDR") : "127.0.0.1:50151";
-  std::string token = std::getenv("SLIDE_TOKEN") ? std::getenv("SLIDE_TOKEN") : "";
-  std::string tls_ca = std::getenv("SLIDE_TLS_CA") ? std::getenv("SLIDE_TLS_CA") : "";
+  std::string addr = Env("SLIDE_ADDR");  // empty: the default state directory's socket
+  std::string token = Env("SLIDE_TOKEN");
+  std::string token_file = Env("SLIDE_TOKEN_FILE");
+  std::string tls_ca = Env("SLIDE_TLS_CA");
   bool json = false;
 };
 
+constexpr size_t kMaxSmallFileBytes = 1 << 20;  // a CA bundle or a token file
+
+// The address and token once flags and environment are read: the default state directory supplies the socket,
+// and over TCP its generated token (a daemon started by this user with --listen HOST:PORT and no token).
+std::string ResolveConnection(Options* o) {
+  std::string error;
+  if (!o->token_file.empty() && o->token.empty()) {
+    const std::string text = slidectl::ReadLocalFile(o->token_file, "token file", kMaxSmallFileBytes, &error);
+    if (!error.empty()) return error;
+    o->token = text.substr(0, text.find('\n'));
+    if (o->token.empty()) return o->token_file + ": holds no token on its first line";
+  }
+  auto state_dir = slide::DefaultStateDir();
+  if (o->addr.empty()) {
+    if (!state_dir.ok()) return "no --addr and " + state_dir.status().message();
+    o->addr = "unix:" + state_dir.value() + "/slided.sock";
+  }
+  if (o->token.empty() && o->addr.rfind("unix:", 0) != 0 && state_dir.ok()) {
+    const std::string generated = state_dir.value() + "/token";
+    if (::access(generated.c_str(), R_OK) == 0) {
+      const std::string text = slidectl::ReadLocalFile(generated, "token file", kMaxSmallFileBytes, &error);
+      if (error.empty()) o->token = text.substr(0, text.find('\n'));
+    }
+  }
+  return "";
+}
+
 int Fail(int code, const std::string& msg) {
-  std::fprintf(stderr, "slidectl: %s\n", msg.c_str());
+  std::fprintf(stderr, "slidectl: %s\n", slidectl::Printable(msg).c_str());
   return code;
 }
+
+// Everything the daemon sends is shown through Printable (client/terminal_text.h).
+std::string Safe(const std::string& text) { return slidectl::Printable(text); }
 
 int RpcError(const grpc::Status& s) {
   switch (s.error_code()) {
@@ -70,11 +108,11 @@ void Prepare(grpc::ClientContext& ctx, const Options& o, int seconds) {
 }
 
 void PrintJob(const v1::Job& j) {
-  std::printf("%s  %-10s step %lld/%lld  loss %.4f", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
+  std::printf("%s  %-10s step %lld/%lld  loss %.4f", Safe(j.id()).c_str(), v1::JobState_Name(j.state()).c_str(),
               static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()), j.loss());
-  if (!j.spec().name().empty()) std::printf("  %s", j.spec().name().c_str());
-  if (!j.error().empty()) std::printf("  error: %s", j.error().c_str());
-  if (!j.export_dir().empty()) std::printf("  export: %s", j.export_dir().c_str());
+  if (!j.spec().name().empty()) std::printf("  %s", Safe(j.spec().name()).c_str());
+  if (!j.error().empty()) std::printf("  error: %s", Safe(j.error()).c_str());
+  if (!j.export_dir().empty()) std::printf("  export: %s", Safe(j.export_dir()).c_str());
   std::printf("\n");
 }
 
@@ -87,7 +125,7 @@ class InterruptCancels {
       int sig = 0;
       sigwait(&signals_, &sig);
       if (done_) return;
-      std::fprintf(stderr, "\nslidectl: interrupted, cancelling %s (Ctrl-C again to stop waiting)\n", id.c_str());
+      std::fprintf(stderr, "\nslidectl: interrupted, cancelling %s (Ctrl-C again to stop waiting)\n", Safe(id).c_str());
       grpc::ClientContext c;
       Prepare(c, o, 10);
       v1::CancelJobRequest r;
@@ -139,7 +177,8 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
     }
     if (e.kind_case() == v1::JobEvent::kState) state = e.state();
     if (logs_only) {
-      if (e.kind_case() == v1::JobEvent::kLog && !o.json) std::printf("%s\n", e.log().c_str());
+      if (e.kind_case() == v1::JobEvent::kLog && !o.json)
+        std::printf("%s\n", slidectl::Printable(e.log(), /*keep_newlines=*/true).c_str());
       continue;
     }
     if (e.has_metrics()) {
@@ -155,7 +194,7 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
           "bound: %s%s%s%s",
           tty ? "\r\033[K" : "", static_cast<long long>(m.step()), static_cast<long long>(m.total_steps()), m.loss(),
           m.lr(), m.tokens_per_second(), m.model_tflops(), static_cast<int>(eta), m.device_bytes() / double(1ll << 30),
-          m.host_bytes() / double(1ll << 30), m.bounded_by().c_str(), m.weights_first() ? "  weights first" : "",
+          m.host_bytes() / double(1ll << 30), Safe(m.bounded_by()).c_str(), m.weights_first() ? "  weights first" : "",
           m.replayed() ? "  (replayed after a restart)" : "", tty ? "" : "\n");
       std::fflush(stdout);
     } else if (!o.json && e.kind_case() == v1::JobEvent::kState && !tty) {
@@ -167,7 +206,7 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
   if (!s.ok()) return RpcError(s);
   if (tty) std::printf("\n");
   if (!o.json && !logs_only)
-    std::printf("%s %s: %lld steps, loss %.4f -> %.4f\n", id.c_str(), v1::JobState_Name(state).c_str(),
+    std::printf("%s %s: %lld steps, loss %.4f -> %.4f\n", Safe(id).c_str(), v1::JobState_Name(state).c_str(),
                 static_cast<long long>(steps), first_loss, last_loss);
   if (!logs_only) {
     grpc::ClientContext c;
@@ -176,8 +215,8 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
     g.set_id(id);
     v1::GetJobResponse job;
     if (stub.GetJob(&c, g, &job).ok() && !o.json) {
-      if (!job.job().error().empty()) std::printf("error: %s\n", job.job().error().c_str());
-      if (!job.job().export_dir().empty()) std::printf("exported model: %s\n", job.job().export_dir().c_str());
+      if (!job.job().error().empty()) std::printf("error: %s\n", Safe(job.job().error()).c_str());
+      if (!job.job().export_dir().empty()) std::printf("exported model: %s\n", Safe(job.job().export_dir()).c_str());
     }
   }
   return state == v1::SUCCEEDED ? kOk : kJobFailed;
@@ -191,8 +230,10 @@ int main(int argc, char** argv) {
   app.footer(kHelpFooter);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   app.fallthrough();  // the global flags may also follow the command
-  app.add_option("--addr", o.addr, "the daemon's gRPC address HOST:PORT (SLIDE_ADDR)");
+  app.add_option("--addr", o.addr,
+                 "the daemon's gRPC address: unix:PATH or HOST:PORT (SLIDE_ADDR; default the local daemon's socket)");
   app.add_option("--token", o.token, "bearer token (SLIDE_TOKEN)");
+  app.add_option("--token-file", o.token_file, "read the bearer token from the first line of FILE (SLIDE_TOKEN_FILE)");
   app.add_option("--tls-ca", o.tls_ca,
                  "talk TLS to a daemon with security.tls_cert_file set, trusting the CA certificate in FILE "
                  "(SLIDE_TLS_CA)");
@@ -232,12 +273,13 @@ int main(int argc, char** argv) {
   const bool watches = cmd == watch || (cmd == submit && follow);
   // Before any gRPC thread exists, so that only the watcher's sigwait sees Ctrl-C.
   if (cancel_on_interrupt && watches) InterruptCancels::BlockSigint();
+  if (const std::string error = ResolveConnection(&o); !error.empty()) return Fail(kUsage, error);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!o.tls_ca.empty()) {
-    std::ifstream in(o.tls_ca);
-    if (!in) return Fail(kUsage, "cannot read the CA certificate '" + o.tls_ca + "'");
+    std::string error;
     grpc::SslCredentialsOptions tls;
-    tls.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+    tls.pem_root_certs = slidectl::ReadLocalFile(o.tls_ca, "CA certificate", kMaxSmallFileBytes, &error);
+    if (!error.empty()) return Fail(kUsage, error);
     creds = grpc::SslCredentials(tls);
   }
   auto stub = v1::Slide::NewStub(grpc::CreateChannel(o.addr, creds));
@@ -252,7 +294,7 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
     if (!s.ok()) return RpcError(s);
     if (o.json && !follow) std::printf("%s\n", Json(resp.job()).c_str());
-    if (!o.json) std::printf("submitted %s\n", resp.job().id().c_str());
+    if (!o.json) std::printf("submitted %s\n", Safe(resp.job().id()).c_str());
     return follow ? Watch(*stub, o, resp.job().id(), false, 0, cancel_on_interrupt) : kOk;
   }
   if (cmd == watch || cmd == logs) return Watch(*stub, o, id, cmd == logs, from_step, cancel_on_interrupt);
@@ -313,14 +355,15 @@ int main(int argc, char** argv) {
       std::printf("%s\n", Json(st).c_str());
     } else {
       const double gib = double(1ll << 30);
-      std::printf("slided %s at %s on %s: %d queued, running: %s%s\n", st.version().c_str(), o.addr.c_str(),
-                  st.device().c_str(), st.queued_jobs(), st.running_job().empty() ? "none" : st.running_job().c_str(),
+      std::printf("slided %s at %s on %s: %d queued, running: %s%s\n", Safe(st.version()).c_str(), Safe(o.addr).c_str(),
+                  Safe(st.device()).c_str(), st.queued_jobs(),
+                  st.running_job().empty() ? "none" : Safe(st.running_job()).c_str(),
                   st.draining() ? " (draining)" : "");
       std::printf("  gpu memory: %.2f GiB reserved of a %.2f GiB job budget (device %.1f GiB)\n",
                   st.device_reserved_bytes() / gib, st.gpu_budget_bytes() / gib, st.device_memory_bytes() / gib);
       std::printf("  host memory: %.2f GiB resident (fp32 master, moments and pinned staging of the running job)\n",
                   st.host_resident_bytes() / gib);
-      std::printf("  jobs: %d in %s\n", st.jobs_total(), st.state_dir().c_str());
+      std::printf("  jobs: %d in %s\n", st.jobs_total(), Safe(st.state_dir()).c_str());
     }
     return kOk;
   }

@@ -65,6 +65,7 @@ find_package(PkgConfig REQUIRED)
 # Tokenizer: PCRE2 for the pre-tokenizer regexes (Unicode properties), ICU for NFC normalization.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # the daemon's /metrics server
 
 set(SLIDE_HAVE_IO_URING OFF)
 if(NOT SLIDE_IO_URING STREQUAL "OFF")

@@ -11,7 +11,7 @@ apt_pkgs=(
   build-essential cmake ninja-build ccache pkg-config git python3-pip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libyaml-cpp-dev libcli11-dev liburing-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libpcre2-dev libicu-dev prometheus tmux openssl
+  nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libicu-dev prometheus tmux openssl
   clang libclang-rt-14-dev  # the libFuzzer targets (tests/fuzz), built and replayed in .ci/run
 )
 

@@ -4,13 +4,22 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sys/un.h>
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
 
+#include "engine/common/default_state_dir.h"
 #include "engine/common/files.h"
 #include "server/log.h"
 
@@ -18,20 +27,21 @@ namespace slide {
 
 const char kDefaultDaemonConfigYaml[] = R"(# slided defaults (slided --print-default-config)
 server:
-  listen: 127.0.0.1:50151
+  listen: ""               # empty: unix:<state_dir>/slided.sock, owner-only; HOST:PORT for TCP (needs a token)
   metrics_listen: 127.0.0.1:9464
   shutdown_deadline_seconds: 30
   log_level: info          # debug | info | warning | error (debug adds every job's own log lines)
 storage:
   state_dir: ""            # empty: $XDG_DATA_HOME/slideformer or ~/.local/share/slideformer
 security:
-  token: ""                # required when listening beyond loopback (or token_file, or SLIDE_TOKEN)
+  token: ""                # for TCP (or token_file, or SLIDE_TOKEN); none given: generated into <state_dir>/token
   token_file: ""
   tls_cert_file: ""        # both set: gRPC over TLS
   tls_key_file: ""
   allowed_roots: []        # job model/dataset/output paths must lie under one of these; [] = anywhere
 jobs:
   checkpoint_every: 100    # optimizer steps between checkpoints when a job does not say
+  max_interrupted_runs: 3  # a job the daemon died under more often in a row (no new checkpoint) fails, not resumes
   max_events_per_job: 4096
   gpu_budget_bytes: 25769803776   # 24 GiB
 nvme:                      # the optimizer state's disk tier, for jobs that set nvme_state
@@ -80,6 +90,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
          }}}},
       {"jobs",
        {{"checkpoint_every", Int(&DaemonConfig::checkpoint_every)},
+        {"max_interrupted_runs", Int(&DaemonConfig::max_interrupted_runs)},
         {"max_events_per_job", Int(&DaemonConfig::max_events_per_job)},
         {"gpu_budget_bytes", Int(&DaemonConfig::gpu_budget_bytes)}}},
       {"nvme",
@@ -146,8 +157,15 @@ std::string ListenHost(const std::string& address) {
 // HOST:PORT (or [IPV6]:PORT, or unix:PATH): the port present and in 0..65535 (0 picks a free one), the host
 // resolvable. gRPC would otherwise wrap a port past 65535 and take 443 for a missing one.
 Status CheckListenAddress(const std::string& field, const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) return Status::Ok();
   const std::string where = "config field '" + field + "' ('" + address + "')";
+  if (address.rfind("unix:", 0) == 0) {
+    const std::string path = address.substr(5);
+    if (path.empty() || path[0] != '/') return InvalidArgument(where + ": a unix socket needs an absolute path");
+    if (path.size() >= sizeof(sockaddr_un{}.sun_path))
+      return InvalidArgument(where + ": the socket path is " + std::to_string(path.size()) + " bytes; at most " +
+                             std::to_string(sizeof(sockaddr_un{}.sun_path) - 1) + " fit");
+    return Status::Ok();
+  }
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size())
     return InvalidArgument(where + " needs HOST:PORT, e.g. 127.0.0.1:50151");
@@ -163,14 +181,6 @@ Status CheckListenAddress(const std::string& field, const std::string& address) 
   if (found != nullptr) ::freeaddrinfo(found);
   if (rc != 0) return InvalidArgument(where + ": cannot resolve host '" + host + "' (" + ::gai_strerror(rc) + ")");
   return Status::Ok();
-}
-
-bool IsLoopbackAddress(const std::string& host_port) {
-  if (host_port.rfind("unix:", 0) == 0) return true;
-  const std::string host = ListenHost(host_port);
-  in_addr v4{};
-  return host == "localhost" || host == "::1" ||
-         (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && host.rfind("127.", 0) == 0);
 }
 
 // The embedded defaults, parsed once: every LoadDaemonConfig starts from a copy.
@@ -200,6 +210,8 @@ StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
   }
   SLIDE_RETURN_IF_ERROR(Check(c.shutdown_deadline_seconds >= 1, "server.shutdown_deadline_seconds", "must be >= 1"));
   SLIDE_RETURN_IF_ERROR(Check(c.checkpoint_every >= 1, "jobs.checkpoint_every", "must be >= 1"));
+  SLIDE_RETURN_IF_ERROR(Check(c.max_interrupted_runs >= 1 && c.max_interrupted_runs <= 1000,
+                              "jobs.max_interrupted_runs", "must be in [1, 1000]"));
   SLIDE_RETURN_IF_ERROR(Check(c.max_events_per_job >= 16, "jobs.max_events_per_job", "must be >= 16"));
   SLIDE_RETURN_IF_ERROR(Check(c.gpu_budget_bytes > 0, "jobs.gpu_budget_bytes", "must be > 0"));
   for (size_t i = 0; i < c.allowed_roots.size(); ++i)
@@ -227,16 +239,19 @@ Status FinalizeDaemonConfig(DaemonConfig* c) {
   SLIDE_RETURN_IF_ERROR(Check(ParseLogLevel(c->log_level).has_value(), "server.log_level",
                               "must be debug, info, warning or error, not '" + c->log_level + "'"));
   if (c->state_dir.empty()) {
-    const char* xdg = std::getenv("XDG_DATA_HOME");
-    const char* home = std::getenv("HOME");
-    if (xdg != nullptr && xdg[0] == '/') {
-      c->state_dir = std::string(xdg) + "/slideformer";
-    } else if (home != nullptr && home[0] != '\0') {
-      c->state_dir = std::string(home) + "/.local/share/slideformer";
-    } else {
-      return InvalidArgument("config field 'storage.state_dir' is empty and neither XDG_DATA_HOME nor HOME is set");
-    }
+    auto dir = DefaultStateDir();
+    if (!dir.ok()) return dir.status().WithContext("config field 'storage.state_dir' is empty and");
+    c->state_dir = dir.value();
   }
+  if (c->state_dir[0] != '/') {  // the socket's address and the records' paths must not depend on the cwd
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof(cwd)) == nullptr)
+      return InvalidArgument("config field 'storage.state_dir' ('" + c->state_dir +
+                             "') is relative and the "
+                             "working directory cannot be read");
+    c->state_dir = std::string(cwd) + "/" + c->state_dir;
+  }
+  if (c->listen.empty()) c->listen = "unix:" + c->state_dir + "/" + kSocketName;
   SLIDE_RETURN_IF_ERROR(CheckListenAddress("server.listen", c->listen));
   if (!c->metrics_listen.empty()) SLIDE_RETURN_IF_ERROR(CheckListenAddress("server.metrics_listen", c->metrics_listen));
   if (c->token.empty() && !c->token_file.empty()) {
@@ -252,13 +267,46 @@ Status FinalizeDaemonConfig(DaemonConfig* c) {
   if (c->token.empty()) {
     if (const char* env = std::getenv("SLIDE_TOKEN")) c->token = env;
   }
-  if (!IsLoopbackAddress(c->listen) && c->token.empty())
-    return InvalidArgument("listening on " + c->listen +
-                           " (beyond loopback) requires a bearer token: set security.token, security.token_file "
-                           "or SLIDE_TOKEN");
   if (c->tls_cert_file.empty() != c->tls_key_file.empty())
     return InvalidArgument("config fields 'security.tls_cert_file' and 'security.tls_key_file' must be set together");
   return Status::Ok();
+}
+
+bool ListensOnTcp(const DaemonConfig& c) { return c.listen.rfind("unix:", 0) != 0; }
+
+StatusOr<bool> EnsureTcpToken(DaemonConfig* c) {
+  if (!ListensOnTcp(*c) || !c->token.empty()) return false;
+  const std::string path = c->state_dir + "/" + kGeneratedTokenName;
+  // Made once, owner-only, then reused: slidectl run by the same user reads it (SLIDE_TOKEN for anyone else).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) {
+    unsigned char raw[32];
+    if (::getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return Internal("cannot draw random bytes for the token");
+    }
+    static const char kHex[] = "0123456789abcdef";
+    std::string token;
+    for (unsigned char b : raw) token += {kHex[b >> 4], kHex[b & 15]};
+    const std::string line = token + "\n";
+    const bool written = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    if (!written) {
+      ::unlink(path.c_str());
+      return FailedPrecondition("cannot write the generated token to '" + path + "'");
+    }
+    c->token = token;
+    return true;
+  }
+  if (errno != EEXIST) return FailedPrecondition("cannot create '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+    return FailedPrecondition("'" + path + "' must be a regular file owned by this user and readable by it alone");
+  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  c->token = text.substr(0, text.find('\n'));
+  if (c->token.size() < 32) return FailedPrecondition("'" + path + "' holds no usable token: remove it to make one");
+  return false;
 }
 
 }  // namespace slide

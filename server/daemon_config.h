@@ -24,7 +24,8 @@ struct DaemonConfig {
   std::string tls_cert_file, tls_key_file;
   std::vector<std::string> allowed_roots;  // job paths must resolve under one of these; empty: anywhere
   // jobs
-  int64_t checkpoint_every = 0;  // default for jobs that leave it at 0
+  int64_t checkpoint_every = 0;      // default for jobs that leave it at 0
+  int64_t max_interrupted_runs = 0;  // JobManagerOptions::max_interrupted_runs
   int64_t max_events_per_job = 0;
   int64_t gpu_budget_bytes = 0;  // default per-job GPU budget
   // The NVMe tier for jobs that set nvme_state: directories (one per disk), backend and I/O shape.
@@ -37,8 +38,17 @@ extern const char kDefaultDaemonConfigYaml[];
 
 // Defaults, then `path` when not empty. Unknown keys, wrong types and bad values are errors.
 StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path);
-// Cross-field checks after flags were applied: resolves state_dir and the token file, and refuses to listen
-// beyond loopback without a token.
+// Cross-field checks after flags were applied: resolves state_dir, the default listen address (the owner-only
+// socket unix:<state_dir>/slided.sock) and the token file.
 Status FinalizeDaemonConfig(DaemonConfig* config);
+
+// In the state directory (slidectl looks for them there too).
+constexpr const char* kSocketName = "slided.sock";
+constexpr const char* kGeneratedTokenName = "token";
+
+bool ListensOnTcp(const DaemonConfig& config);
+// A TCP listener always needs a token: when none is configured, one is generated into <state_dir>/token (owner-only,
+// made once and reused). True when this call made it. Call once the state directory exists.
+StatusOr<bool> EnsureTcpToken(DaemonConfig* config);
 
 }  // namespace slide

@@ -76,6 +76,12 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
         // again are marked replayed for watchers.
         auto checkpoint = ReadCheckpointInfo(job->record.spec.checkpoint_dir);
         const int64_t resume_step = checkpoint.ok() && checkpoint.value() ? checkpoint.value()->step : 0;
+        const bool was_running = job->record.state != JobState::kQueued;  // not stopped by a clean shutdown
+        if (was_running && !MayResumeAfterCrash(*job, resume_step)) {
+          order_.push_back(id);
+          jobs_[id] = std::move(job);
+          continue;
+        }
         // The furthest step ever reported (a second crash during the replay must not forget the first one's).
         for (const auto& ev : job->events)
           if (ev.kind == JobEventRecord::Kind::kMetrics)
@@ -102,6 +108,30 @@ JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* prob
     PublishCounts();
   }
   engine_ = std::thread([this] { EngineLoop(); });
+}
+
+bool JobManager::MayResumeAfterCrash(Job& job, int64_t resume_step) {
+  JobRecord& r = job.record;
+  r.interrupted_runs = resume_step > r.interrupted_at_step || r.interrupted_runs == 0 ? 1 : r.interrupted_runs + 1;
+  r.interrupted_at_step = resume_step;
+  if (r.interrupted_runs <= options_.max_interrupted_runs) return true;  // persisted as the job is queued again
+  r.error = "the daemon stopped while running this job " + std::to_string(r.interrupted_runs) +
+            " times in a row without a new checkpoint (last from step " + std::to_string(resume_step) +
+            "); failed instead of resumed again (jobs.max_interrupted_runs is " +
+            std::to_string(options_.max_interrupted_runs) +
+            "): look for the cause in slided's log and the kernel's (e.g. the OOM killer), then submit it again";
+  JobEventRecord e;
+  e.log = "error: " + r.error;
+  AddEvent(job, e);
+  auto failed = Finalized(job, JobState::kFailed);
+  if (!failed.ok()) {  // not written: it stays unfinished on disk and is judged again at the next start
+    LogError(failed.status().ToString());
+    failed = r;
+    failed->state = JobState::kFailed;
+  }
+  r = std::move(failed).value();
+  Announce(job, JobState::kFailed);
+  return false;
 }
 
 JobManager::~JobManager() { Shutdown(); }
@@ -153,8 +183,11 @@ void JobManager::PublishCounts() {
 
 void JobManager::SetState(Job& job, JobState s) {
   job.record.state = s;
-  if (IsFinal(s)) job.record.finished_unix_ms = NowMs();
   Persist(job);
+  Announce(job, s);
+}
+
+void JobManager::Announce(Job& job, JobState s) {
   JobEventRecord e;
   e.kind = JobEventRecord::Kind::kState;
   e.state = s;
@@ -169,6 +202,35 @@ void JobManager::SetState(Job& job, JobState s) {
   }
 }
 
+StatusOr<JobRecord> JobManager::Finalized(const Job& job, JobState s) const {
+  JobRecord final_record = job.record;
+  final_record.state = s;
+  final_record.finished_unix_ms = NowMs();
+  if (options_.store != nullptr) SLIDE_RETURN_IF_ERROR(options_.store->SaveFinalRecord(final_record));
+  return final_record;
+}
+
+void JobManager::FinishJob(Job& job, JobState s, std::unique_lock<std::mutex>& lock) {
+  for (int attempt = 0;; ++attempt) {
+    auto done = Finalized(job, s);
+    if (done.ok()) {
+      job.record = std::move(done).value();  // durable now: memory, watchers and metrics may see the end
+      Announce(job, s);
+      return;
+    }
+    if (attempt == 0) {
+      LogError("job " + job.record.id + " ended " + JobStateName(s) +
+               " but its record cannot be written: " + done.status().ToString() + "; retrying every second");
+      JobEventRecord e;
+      e.log = std::string("the job ended ") + JobStateName(s) +
+              "; waiting for the state directory to take its record (" + done.status().message() + ")";
+      AddEvent(job, e);
+    }
+    if (stop_) return;  // left unfinished on disk: the next start resumes it from its checkpoint
+    cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+  }
+}
+
 StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateJobName(name));
   // Validates the spec and its paths, then refuses what cannot fit now, with the numbers, rather than when the
@@ -177,7 +239,17 @@ StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJo
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
   char id[32];
-  std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(next_id_++));
+  while (true) {
+    if (next_id_ > kMaxJobNumber)
+      return ResourceExhausted("no job ids left (the last is job-" + std::to_string(kMaxJobNumber) + ")");
+    std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(next_id_++));
+    if (jobs_.count(id) != 0) continue;
+    // The directory is made exclusively: one that exists (a stray copy, an earlier daemon's) keeps its id.
+    if (options_.store == nullptr) break;
+    Status made = options_.store->CreateJobDir(id);
+    if (made.ok()) break;
+    if (!PathExists(options_.store->dir() + "/jobs/" + id)) return made;  // not a taken id: the disk refused
+  }
   auto job = std::make_unique<Job>();
   job->record.id = id;
   job->record.name = name;
@@ -203,7 +275,7 @@ StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJo
 StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  if (it == jobs_.end()) return NotFound("no job " + QuoteInput(id));
   return it->second->record;
 }
 
@@ -220,11 +292,16 @@ std::vector<JobRecord> JobManager::List(std::optional<JobState> state) const {
 StatusOr<JobRecord> JobManager::Cancel(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  if (it == jobs_.end()) return NotFound("no job " + QuoteInput(id));
   Job& job = *it->second;
   if (job.record.state == JobState::kQueued) {
+    // On disk first: a cancellation the store did not take would be undone by the next start.
+    auto cancelled = Finalized(job, JobState::kCancelled);
+    if (!cancelled.ok())
+      return Status(StatusCode::kUnavailable, "cannot record the cancellation: " + cancelled.status().message());
     queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-    SetState(job, JobState::kCancelled);
+    job.record = std::move(cancelled).value();
+    Announce(job, JobState::kCancelled);
   } else if (!IsFinal(job.record.state)) {
     job.cancel = true;  // the engine thread stops at the next step boundary
   }
@@ -235,7 +312,7 @@ StatusOr<std::vector<JobEventRecord>> JobManager::Events(const std::string& id, 
                                                          bool* final) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("no job '" + id + "'");
+  if (it == jobs_.end()) return NotFound("no job " + QuoteInput(id));
   Job& job = *it->second;
   cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return job.next_seq - 1 > after_seq || stop_; });
   std::vector<JobEventRecord> out;
@@ -299,7 +376,7 @@ void JobManager::EngineLoop() {
       AddEvent(*job, e);
     };
     auto result = RunTrainingJob(Confined(job->record.spec), cb, &job->cancel, &job->suspend);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (result.ok() && result->suspended) {
       JobEventRecord e;
       e.log = "suspended at step " + std::to_string(result->steps) +
@@ -309,17 +386,18 @@ void JobManager::EngineLoop() {
     } else if (result.ok()) {
       job->record.eval_loss = result->eval_loss;
       job->record.export_dir = result->export_dir;
-      SetState(*job, JobState::kSucceeded);  // durable first: a crash now must not train the job again
-      if (!job->record.spec.checkpoint_dir.empty()) (void)RemoveTree(job->record.spec.checkpoint_dir);
+      FinishJob(*job, JobState::kSucceeded, lock);  // durable first: a crash now must not train the job again
+      if (IsFinal(job->record.state) && !job->record.spec.checkpoint_dir.empty())
+        (void)RemoveTree(job->record.spec.checkpoint_dir);
     } else if (result.status().code() == StatusCode::kCancelled) {
       job->record.error = Utf8Lossy(result.status().message());
-      SetState(*job, JobState::kCancelled);
+      FinishJob(*job, JobState::kCancelled, lock);
     } else {
       job->record.error = Utf8Lossy(result.status().ToString());
       JobEventRecord e;
       e.log = "error: " + job->record.error;
       AddEvent(*job, e);
-      SetState(*job, JobState::kFailed);
+      FinishJob(*job, JobState::kFailed, lock);
     }
     running_.clear();
   }

@@ -28,6 +28,9 @@ struct JobManagerOptions {
   JobObserver* observer = nullptr;         // metrics
   std::vector<std::string> allowed_roots;  // every file a job opens must resolve under one of these (empty: any)
   StateTierOptions nvme;                   // the NVMe tier's directories and I/O settings (mode set by each job)
+  // A job the daemon died under this many times in a row, with no new checkpoint in between, fails at the next
+  // start instead of being resumed again (one job that kills the daemon must not make it crash-loop).
+  int64_t max_interrupted_runs = 3;
 };
 
 // Job names are shown in terminals and logs: bounded, valid UTF-8, no control characters.
@@ -69,7 +72,18 @@ class JobManager {
   void EngineLoop();
   TrainingJobSpec Confined(TrainingJobSpec spec) const;  // with the daemon's allowed roots
   void AddEvent(Job& job, JobEventRecord e);             // mu_ held
-  void SetState(Job& job, JobState s);                   // mu_ held
+  void SetState(Job& job, JobState s);                   // mu_ held; not for final states (FinishJob)
+  void Announce(Job& job, JobState s);                   // mu_ held: the state event, counts and the log line
+  // The record in final state `s`, written to the store first (SaveFinalRecord); the job itself is unchanged.
+  StatusOr<JobRecord> Finalized(const Job& job, JobState s) const;
+  // The job's end: written to the store (SaveFinalRecord) before memory and watchers see it. While the store
+  // refuses, the job stays in its running state with a log line and the write is retried every second (the lock
+  // released meanwhile); a daemon stopped before it succeeds leaves the job unfinished on disk, so it is resumed,
+  // never lost. Takes and returns with `lock` held.
+  void FinishJob(Job& job, JobState s, std::unique_lock<std::mutex>& lock);
+  // After a restart: the job was running when the daemon died (resume_step: its checkpoint). Counts the run as
+  // interrupted; false when it has been interrupted too often without progress (then it is marked FAILED).
+  bool MayResumeAfterCrash(Job& job, int64_t resume_step);
   void Persist(const Job& job);
   void PublishCounts();  // mu_ held  // mu_ held; a failing disk is logged, the job goes on
 

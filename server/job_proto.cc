@@ -184,6 +184,8 @@ void JobToProto(const JobRecord& r, v1::Job* out) {
   out->set_export_dir(r.export_dir);
   out->set_created_unix_ms(r.created_unix_ms);
   out->set_finished_unix_ms(r.finished_unix_ms);
+  out->set_interrupted_runs(static_cast<int32_t>(r.interrupted_runs));
+  out->set_interrupted_at_step(r.interrupted_at_step);
 }
 
 StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
@@ -201,6 +203,8 @@ StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
   r.export_dir = j.export_dir();
   r.created_unix_ms = j.created_unix_ms();
   r.finished_unix_ms = j.finished_unix_ms();
+  r.interrupted_runs = j.interrupted_runs();
+  r.interrupted_at_step = j.interrupted_at_step();
   return r;
 }
 

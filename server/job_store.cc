@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <google/protobuf/struct.pb.h>
@@ -71,10 +73,77 @@ void AdoptLegacyNames(const std::string& text, v1::Job* job) {
 
 }  // namespace
 
+namespace {
+constexpr off_t kReserveBytes = 4 << 20;  // a final record is a few KiB: room for hundreds of them
+
+// "job-N" with N a plain decimal in [1, kMaxJobNumber]; 0 for any other name.
+int64_t JobNumber(const std::string& name) {
+  if (name.rfind("job-", 0) != 0 || name.size() < 5 || name.size() > 4 + 12) return 0;
+  int64_t n = 0;
+  for (size_t i = 4; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return 0;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n <= kMaxJobNumber ? n : 0;
+}
+}  // namespace
+
+JobStore::~JobStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+}
+
 Status JobStore::Init() {
   SLIDE_RETURN_IF_ERROR(MakeDirs(dir_ + "/jobs"));
+  // Records quote job specs (paths, names): the directory is the daemon user's alone.
+  (void)::chmod(dir_.c_str(), 0700);
+  const std::string lock_path = dir_ + "/lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return FailedPrecondition("cannot open '" + lock_path + "': " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd, pid, sizeof(pid) - 1, 0);
+    ::close(fd);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    if (err == EWOULDBLOCK)
+      return FailedPrecondition("state directory '" + dir_ + "' is in use by another slided (pid " +
+                                (holder.empty() ? std::string("unknown") : holder) +
+                                "); stop it or give this one another --state-dir");
+    return FailedPrecondition("cannot lock '" + lock_path + "': " + std::strerror(err));
+  }
+  lock_fd_ = fd;
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    LogWarning("cannot write the pid into '" + lock_path + "': " + std::strerror(errno));
   // Fail now, not at the first job, when the directory is not writable.
-  return WriteFileAtomic(dir_ + "/.writable", "ok\n");
+  SLIDE_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/.writable", "ok\n"));
+  KeepReserve();
+  return Status::Ok();
+}
+
+void JobStore::KeepReserve() {
+  const std::string path = dir_ + "/reserve";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && st.st_size >= kReserveBytes) return;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  // Blocks really allocated (not a sparse file), so that deleting it frees them.
+  const int err = ::posix_fallocate(fd, 0, kReserveBytes);
+  ::close(fd);
+  if (err != 0) {
+    ::unlink(path.c_str());
+    LogWarning("cannot set aside " + std::to_string(kReserveBytes) + " bytes in '" + dir_ +
+               "' for final job records: " + std::strerror(err));
+  }
+}
+
+Status JobStore::CreateJobDir(const std::string& id) {
+  if (::mkdir(JobDir(id).c_str(), 0700) != 0) {
+    if (errno == EEXIST) return FailedPrecondition("job directory '" + JobDir(id) + "' already exists");
+    return FailedPrecondition("cannot create '" + JobDir(id) + "': " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 Status JobStore::SaveRecord(const JobRecord& record) {
@@ -83,6 +152,19 @@ Status JobStore::SaveRecord(const JobRecord& record) {
   JobToProto(record, &job);
   SLIDE_ASSIGN_OR_RETURN(std::string text, ToJson(job, /*pretty=*/true));
   return WriteFileAtomic(JobDir(record.id) + "/record.json", text);
+}
+
+Status JobStore::SaveFinalRecord(const JobRecord& record) {
+  Status st = SaveRecord(record);
+  if (st.ok()) return st;
+  // Most likely a full disk: give up the reserve and try once more.
+  if (::unlink((dir_ + "/reserve").c_str()) == 0) {
+    LogWarning("writing job " + record.id + "'s final record failed (" + st.message() +
+               "); released the state directory's reserve to write it");
+    st = SaveRecord(record);
+  }
+  if (st.ok()) KeepReserve();
+  return st;
 }
 
 Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event) {
@@ -113,10 +195,7 @@ void JobStore::TrimTornLastLine(const std::string& path) {
 int64_t JobStore::HighestJobNumber() const {
   int64_t highest = 0;
   if (DIR* d = ::opendir((dir_ + "/jobs").c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      long long n = 0;
-      if (std::sscanf(e->d_name, "job-%lld", &n) == 1) highest = std::max<int64_t>(highest, n);
-    }
+    while (const dirent* e = ::readdir(d)) highest = std::max(highest, JobNumber(e->d_name));
     ::closedir(d);
   }
   return highest;

@@ -1,4 +1,6 @@
 // JobStore: the daemon's durable state directory.
+//   <state_dir>/lock                      held (flock) by the one slided using the directory; holds its pid
+//   <state_dir>/reserve                   space set aside for final records on a full disk
 //   <state_dir>/jobs/<id>/record.json     the job record (spec, state, progress, error), replaced atomically
 //   <state_dir>/jobs/<id>/events.jsonl    the job's events, appended one JSON line each
 //   <state_dir>/jobs/<id>/checkpoint/     training checkpoints (engine/runtime/training_checkpoint.h)
@@ -19,14 +21,31 @@ struct StoredJob {
   std::vector<JobEventRecord> events;  // the newest `max_events`
 };
 
+// Job ids are job-N with N in [1, kMaxJobNumber]: a directory named past it (job-9223372036854775807) is listed
+// when its record is readable but never moves the next id, so ids cannot wrap or repeat.
+constexpr int64_t kMaxJobNumber = 999'999'999'999;
+
 class JobStore {
  public:
   explicit JobStore(std::string state_dir) : dir_(std::move(state_dir)) {}
-  Status Init();  // creates the directories; fails when they cannot be created or written
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
 
+  // Creates the directories (owner-only), takes the directory's lock (FAILED_PRECONDITION naming the holder's pid
+  // when another slided has it: two daemons must never run one queue), checks that it can be written and sets
+  // aside the reserve that final records are written with when the disk is full.
+  Status Init();
+
+  // A new job's directory, created exclusively: ALREADY there (an earlier daemon's, or a stray one) is
+  // FAILED_PRECONDITION and the caller takes the next id, so a record is never overwritten by another job's.
+  Status CreateJobDir(const std::string& id);
   // Written on submission and on every state change. Progress (step, loss) is not rewritten per step: it is
   // the last metrics event, which LoadAll puts back into the record.
   Status SaveRecord(const JobRecord& record);
+  // A record in a final state: when the disk is full the reserve is given up to make room for it, so that a job
+  // that finished is on disk as finished (and never runs again) before anyone is told so.
+  Status SaveFinalRecord(const JobRecord& record);
   Status AppendEvent(const std::string& id, const JobEventRecord& event);
   std::string CheckpointDir(const std::string& id) const { return dir_ + "/jobs/" + id + "/checkpoint"; }
 
@@ -40,7 +59,9 @@ class JobStore {
  private:
   std::string JobDir(const std::string& id) const { return dir_ + "/jobs/" + id; }
   static void TrimTornLastLine(const std::string& path);
+  void KeepReserve();  // best effort: a full disk leaves it missing until there is room again
   std::string dir_;
+  int lock_fd_ = -1;
 };
 
 }  // namespace slide

@@ -33,6 +33,8 @@ struct JobRecord {
   double loss = 0, eval_loss = -1;
   std::string error, export_dir;
   int64_t created_unix_ms = 0, finished_unix_ms = 0;
+  // Daemon deaths while this job ran, in a row without a new checkpoint, and the checkpoint step at the last one.
+  int64_t interrupted_runs = 0, interrupted_at_step = 0;
 };
 
 // Told about progress by the job manager (the metrics implement it). Calls come from the engine thread or with

@@ -5,6 +5,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -27,10 +28,11 @@ namespace {
 
 // Below the generated flag list.
 constexpr char kHelpFooter[] =
-    "With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on\n"
-    "127.0.0.1:50151, metrics on 127.0.0.1:9464, state under $XDG_DATA_HOME/slideformer or\n"
-    "~/.local/share/slideformer. Port 0 picks a free port. The bearer token comes from security.token,\n"
-    "security.token_file or SLIDE_TOKEN; it is required to listen beyond loopback. Log lines go to stderr with a\n"
+    "With no file slided runs on its embedded defaults (--print-default-config shows them): gRPC on the\n"
+    "owner-only socket unix:<state dir>/slided.sock, metrics on 127.0.0.1:9464, state under\n"
+    "$XDG_DATA_HOME/slideformer or ~/.local/share/slideformer. Port 0 picks a free port. TCP (--listen HOST:PORT)\n"
+    "always needs a bearer token: security.token, security.token_file or SLIDE_TOKEN, else one is generated into\n"
+    "<state dir>/token. Log lines go to stderr with a\n"
     "UTC time and a level (server.log_level, default info; debug adds every job's own log lines).";
 
 int Fail(const std::string& message) {
@@ -98,6 +100,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // Every thread started from here on inherits the mask, so only the waiter below sees SIGTERM/SIGINT.
+  // The state directory first: its lock decides whether this daemon may run at all.
+  slide::JobStore store(config.state_dir);
+  if (slide::Status st = store.Init(); !st.ok()) return Fail("state directory: " + st.message());
+  auto generated = slide::EnsureTcpToken(&config);
+  if (!generated.ok()) return Fail("security: " + generated.status().message());
+  if (generated.value())
+    slide::LogInfo("listening on TCP without a configured token: generated one into " + config.state_dir + "/" +
+                   slide::kGeneratedTokenName + " (slidectl run as this user reads it)");
+
   const slide::DeviceInfo device = slide::DescribeDevice();
   slide::DaemonMetrics metrics("0.1.0", config.gpu_budget_bytes, device.total_bytes);
   int metrics_port = 0;
@@ -107,13 +118,11 @@ int main(int argc, char** argv) {
     metrics_port = port.value();
   }
 
-  slide::JobStore store(config.state_dir);
-  if (slide::Status st = store.Init(); !st.ok()) return Fail("state directory: " + st.message());
-
   slide::JobManagerOptions jm;
   jm.max_events_per_job = static_cast<size_t>(config.max_events_per_job);
   jm.store = &store;
   jm.default_checkpoint_every = config.checkpoint_every;
+  jm.max_interrupted_runs = config.max_interrupted_runs;
   jm.observer = &metrics;
   jm.allowed_roots = config.allowed_roots;
   jm.nvme.io.dirs = config.nvme_dirs;
@@ -152,17 +161,25 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(config.listen, creds, &port);
   builder.RegisterService(&service);
+  const bool on_socket = !slide::ListensOnTcp(config);
+  // The socket is created owner-only (umask around the bind, chmod after as well): only this daemon's user can
+  // connect, so only it can submit jobs that this daemon then runs with its rights.
+  const mode_t old_umask = on_socket ? ::umask(0177) : ::umask(0022);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server || port == 0) return Fail("cannot listen on " + config.listen);
+  if (on_socket && ::chmod(config.listen.substr(5).c_str(), 0600) != 0)
+    return Fail("cannot make " + config.listen + " owner-only: " + std::strerror(errno));
   // Probes may ask for the whole server ("") or for the service by name.
   server->GetHealthCheckService()->SetServingStatus(slide::v1::Slide::service_full_name(), true);
   server->GetHealthCheckService()->SetServingStatus(true);
   WritePortFile(port_file, port);
   WritePortFile(metrics_port_file, metrics_port);
-  slide::LogInfo("serving on " + config.listen + " (port " + std::to_string(port) +
-                 (config.tls_cert_file.empty() ? "" : ", TLS") + "), metrics on " +
-                 (config.metrics_listen.empty() ? "off" : "port " + std::to_string(metrics_port)) + ", state in " +
-                 config.state_dir + ", device " + device.description);
+  slide::LogInfo("serving on " + config.listen +
+                 (on_socket ? std::string(" (owner-only socket") : " (port " + std::to_string(port)) +
+                 (config.tls_cert_file.empty() ? "" : ", TLS") + (config.token.empty() ? "" : ", bearer token") +
+                 "), metrics on " + (config.metrics_listen.empty() ? "off" : "port " + std::to_string(metrics_port)) +
+                 ", state in " + config.state_dir + ", device " + device.description);
 
   std::thread waiter([&] {
     int sig = 0;

@@ -1,23 +1,17 @@
 #include "server/metrics_http.h"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
+#include <httplib.h>
 #include <prometheus/text_serializer.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <sstream>
 
 namespace slide {
 
+MetricsHttpServer::MetricsHttpServer(std::shared_ptr<prometheus::Registry> registry, MetricsHttpOptions options)
+    : registry_(std::move(registry)), options_(options) {}
+
 MetricsHttpServer::~MetricsHttpServer() {
-  stop_ = true;
+  if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
 StatusOr<int> MetricsHttpServer::Start(const std::string& listen) {
@@ -26,78 +20,35 @@ StatusOr<int> MetricsHttpServer::Start(const std::string& listen) {
   std::string host = listen.substr(0, colon);
   if (host == "localhost") host = "127.0.0.1";
   if (host.empty() || host == "*") host = "0.0.0.0";
-  int port = 0;
-  try {
-    port = std::stoi(listen.substr(colon + 1));
-  } catch (const std::exception&) {
-    return InvalidArgument("metrics address '" + listen + "' has no port number");
-  }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (port < 0 || port > 65535 || ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+  const std::string port_text = listen.substr(colon + 1);
+  in_addr v4{};
+  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port_text) > 65535 || ::inet_pton(AF_INET, host.c_str(), &v4) != 1)
     return InvalidArgument("metrics address '" + listen + "' is not an IPv4 HOST:PORT");
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  socklen_t len = sizeof(addr);
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listen_fd_, 64) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    return InvalidArgument("cannot serve metrics on '" + listen + "': " + std::strerror(errno));
-  thread_ = std::thread([this] { Serve(); });
-  return static_cast<int>(ntohs(addr.sin_port));
-}
 
-void MetricsHttpServer::Serve() {
-  while (!stop_) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;  // wakes up to notice stop_
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    timeval timeout{2, 0};  // per send; the request as a whole has its own deadline in Answer
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    Answer(fd);
-    ::close(fd);
+  server_ = std::make_unique<httplib::Server>();
+  const int workers = options_.worker_threads;
+  server_->new_task_queue = [workers] { return new httplib::ThreadPool(static_cast<size_t>(workers)); };
+  server_->set_read_timeout(options_.io_timeout_seconds, 0);
+  server_->set_write_timeout(options_.io_timeout_seconds, 0);
+  server_->set_keep_alive_timeout(options_.io_timeout_seconds);
+  server_->set_payload_max_length(16 << 10);  // a scrape sends no body
+  auto registry = registry_;
+  server_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus::TextSerializer().Serialize(registry->Collect()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 404 && req.method == "GET") res.set_content("slided serves /metrics\n", "text/plain");
+  });
+  const int port = std::stoi(port_text);
+  const int bound_port = port == 0 ? server_->bind_to_any_port(host) : server_->bind_to_port(host, port) ? port : -1;
+  if (bound_port <= 0) {
+    server_.reset();
+    return InvalidArgument("cannot serve metrics on '" + listen + "' (the address is taken or not this machine's)");
   }
-}
-
-void MetricsHttpServer::Answer(int fd) {
-  std::string request;
-  char buf[2048];
-  // A client has 2 s in all to send its request: a slow one cannot hold the endpoint or delay shutdown.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    pollfd p{fd, POLLIN, 0};
-    if (stop_ || left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  const std::string line = request.substr(0, request.find("\r\n"));
-  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-  if (line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET /metrics?", 0) == 0) {
-    body = prometheus::TextSerializer().Serialize(registry_->Collect());
-  } else if (line.rfind("GET ", 0) == 0) {
-    status = "404 Not Found";
-    type = "text/plain";
-    body = "slided serves /metrics\n";
-  } else {
-    status = "405 Method Not Allowed";
-    type = "text/plain";
-  }
-  std::ostringstream out;
-  out << "HTTP/1.1 " << status << "\r\nContent-Type: " << type << "\r\nContent-Length: " << body.size()
-      << "\r\nConnection: close\r\n\r\n"
-      << body;
-  const std::string response = out.str();
-  size_t done = 0;
-  while (done < response.size()) {
-    const ssize_t n = ::send(fd, response.data() + done, response.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return bound_port;
 }
 
 }  // namespace slide

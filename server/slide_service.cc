@@ -7,7 +7,17 @@
 
 namespace slide {
 
-grpc::Status ToGrpc(const Status& s) {
+namespace {
+// gRPC sends a status message as metadata, refused past its 16 KiB limit ("Stream removed"): every message is
+// bounded here too, whatever its source quoted.
+constexpr size_t kMaxStatusMessageBytes = 4096;
+}  // namespace
+
+grpc::Status ToGrpc(const Status& status) {
+  Status s = status;
+  if (s.message().size() > kMaxStatusMessageBytes)
+    s = Status(s.code(), s.message().substr(0, kMaxStatusMessageBytes - 64) + "... (" +
+                             std::to_string(s.message().size()) + " bytes in all)");
   switch (s.code()) {
     case StatusCode::kOk:
       return grpc::Status::OK;
@@ -81,18 +91,23 @@ grpc::Status SlideService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobs
                                     v1::ListJobsResponse* resp) {
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
   std::optional<JobState> filter;
-  for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
-                     JobState::kFailed, JobState::kCancelled})
-    if (req->state() == StateToProto(s)) filter = s;
+  if (req->state() != v1::JOB_STATE_UNSPECIFIED) {
+    auto state = StateFromProto(req->state());
+    if (!state.ok())
+      return {grpc::StatusCode::INVALID_ARGUMENT, "state " + std::to_string(req->state()) + " is not a job state"};
+    filter = state.value();
+  }
   if (req->page_size() < 0) return {grpc::StatusCode::INVALID_ARGUMENT, "page_size must be >= 0"};
   const size_t page = req->page_size() == 0 ? 100 : static_cast<size_t>(req->page_size());
+  // A page token is what an earlier answer gave: the decimal offset of the next job, nothing else ("+7", " 7",
+  // "5abc" and "-1" are refused, not read as numbers).
   size_t start = 0;
-  if (!req->page_token().empty()) {
-    try {
-      start = std::stoul(req->page_token());
-    } catch (const std::exception&) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, "bad page_token '" + req->page_token() + "'"};
-    }
+  const std::string& token = req->page_token();
+  if (!token.empty()) {
+    if (token.size() > 12 || token.find_first_not_of("0123456789") != std::string::npos ||
+        (token.size() > 1 && token[0] == '0'))
+      return {grpc::StatusCode::INVALID_ARGUMENT, "bad page_token " + QuoteInput(token)};
+    start = std::stoull(token);
   }
   auto all = jobs_.List(filter);
   for (size_t i = start; i < all.size() && i < start + page; ++i) JobToProto(all[i], resp->add_jobs());

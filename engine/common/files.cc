@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -64,9 +65,13 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
 }
 
 Status WriteFileAtomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());  // a stale temporary, or a link planted there, is never written through
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  return WriteFileAtomicAt(AT_FDCWD, path, content);
+}
+
+Status WriteFileAtomicAt(int dir_fd, const std::string& name, const std::string& content) {
+  const std::string tmp = name + ".tmp";
+  ::unlinkat(dir_fd, tmp.c_str(), 0);  // a stale temporary, or a link planted there, is never written through
+  const int fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Errno("cannot write", tmp);
   size_t done = 0;
   while (done < content.size()) {
@@ -75,7 +80,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
     if (n <= 0) {
       Status st = Errno("cannot write", tmp);
       ::close(fd);
-      ::unlink(tmp.c_str());
+      ::unlinkat(dir_fd, tmp.c_str(), 0);
       return st;
     }
     done += static_cast<size_t>(n);
@@ -83,11 +88,57 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
   Status synced = ::fsync(fd) == 0 ? Status::Ok() : Errno("cannot sync", tmp);
   if (::close(fd) != 0 && synced.ok()) synced = Errno("cannot close", tmp);
   if (!synced.ok()) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
     return synced;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
-  return Status::Ok();
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) return Errno("cannot rename onto", name);
+  return SyncDirectoryOf(dir_fd, name);
+}
+
+Status SyncDirectoryOf(int dir_fd, const std::string& name) {
+  // The rename is durable only once the directory holding the new entry is synced.
+  int dfd = -1;
+  if (dir_fd != AT_FDCWD && name.find('/') == std::string::npos) {
+    dfd = ::dup(dir_fd);
+  } else {
+    const size_t slash = name.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : name.substr(0, slash);
+    dfd = ::openat(dir_fd, parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  }
+  if (dfd < 0) return Errno("cannot open the directory of", name);
+  const bool ok = ::fsync(dfd) == 0 || errno == EINVAL;  // some filesystems cannot sync a directory
+  Status st = ok ? Status::Ok() : Errno("cannot sync the directory of", name);
+  ::close(dfd);
+  return st;
+}
+
+StatusOr<OutputDirectory> OutputDirectory::Open(const std::string& path, const std::vector<std::string>& roots) {
+  SLIDE_RETURN_IF_ERROR(MakeDirs(path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open directory", path);
+  OutputDirectory dir(fd, path);
+  // What was opened, not what the path said a moment ago: the check and every later write see the same directory.
+  char opened[PATH_MAX];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(link.c_str(), opened, sizeof(opened) - 1);
+  if (n <= 0) return Errno("cannot tell where this directory is", path);
+  const std::string resolved(opened, static_cast<size_t>(n));
+  if (!roots.empty()) SLIDE_RETURN_IF_ERROR(CheckJobPath("output_dir", resolved, roots));
+  return dir;
+}
+
+OutputDirectory& OutputDirectory::operator=(OutputDirectory&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+OutputDirectory::~OutputDirectory() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 bool PathExists(const std::string& path) {

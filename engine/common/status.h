@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -41,6 +42,11 @@ class [[nodiscard]] Status {
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
 };
+
+// `text` from a request or a file, quoted for an error message: at most `max_bytes` of it (cut on a UTF-8
+// boundary, with how long the whole was), so that an error never grows with its input (gRPC refuses status
+// messages past its metadata limit, and a log line should not carry a megabyte).
+std::string QuoteInput(std::string_view text, size_t max_bytes = 96);
 
 inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }

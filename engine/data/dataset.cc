@@ -227,6 +227,7 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
   };
   while (std::getline(in, line)) {
     ++line_no;
+    if (o.interrupted) SLIDE_RETURN_IF_ERROR(o.interrupted());
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++st.lines;
     if (!IsValidUtf8(line)) {
@@ -269,12 +270,15 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
     } else {
       stream.ids.insert(stream.ids.end(), s.ids.begin(), s.ids.end());
       stream.labels.insert(stream.labels.end(), s.labels.begin(), s.labels.end());
-      while (static_cast<int64_t>(stream.ids.size()) >= o.seq_len) {
-        seqs.push_back({{stream.ids.begin(), stream.ids.begin() + o.seq_len},
-                        {stream.labels.begin(), stream.labels.begin() + o.seq_len}});
-        stream.ids.erase(stream.ids.begin(), stream.ids.begin() + o.seq_len);
-        stream.labels.erase(stream.labels.begin(), stream.labels.begin() + o.seq_len);
-      }
+      // Whole sequences are cut from the front, then the rest moves once: erasing each sequence as it was cut
+      // moved the whole stream every time, quadratic in a long sample's length.
+      size_t cut = 0;
+      const size_t seq = static_cast<size_t>(o.seq_len);
+      for (; stream.ids.size() - cut >= seq; cut += seq)
+        seqs.push_back({{stream.ids.begin() + cut, stream.ids.begin() + cut + seq},
+                        {stream.labels.begin() + cut, stream.labels.begin() + cut + seq}});
+      stream.ids.erase(stream.ids.begin(), stream.ids.begin() + cut);
+      stream.labels.erase(stream.labels.begin(), stream.labels.begin() + cut);
     }
   }
   if (o.mode == SequenceMode::kPack && !stream.ids.empty()) {  // the tail, padded

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ struct DatasetOptions {
   std::string pad_token;     // "" = the EOS token, else id 0
   double eval_fraction = 0;  // held-out share of the sequences
   uint64_t seed = 0;
+  // Asked before each line when set: its error stops the load (a job cancelled or suspended while it prepares).
+  std::function<Status()> interrupted;
 };
 
 // One training row: input_ids and HF-style labels (label t is the token at t; -100 = no loss), seq_len long.

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,7 +20,8 @@ class FieldReader {
 
   bool Has(const char* key) const { return obj_.contains(key) && !obj_[key].is_null(); }
 
-  int64_t Int(const char* key, std::optional<int64_t> fallback, int64_t min_value = 1) {
+  int64_t Int(const char* key, std::optional<int64_t> fallback, int64_t min_value = 1,
+              int64_t max_value = std::numeric_limits<int64_t>::max()) {
     if (!Has(key)) {
       if (!fallback) Fail(key, "is required");
       return fallback.value_or(0);
@@ -30,7 +32,11 @@ class FieldReader {
       return 0;
     }
     int64_t x = v.get<int64_t>();
-    if (x < min_value) Fail(key, "must be >= " + std::to_string(min_value) + ", got " + std::to_string(x));
+    if (x < min_value || x > max_value) {
+      Fail(key, "must be in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "], got " +
+                    std::to_string(x));
+      return min_value;  // keeps later arithmetic on this config harmless; the status carries the error
+    }
     return x;
   }
 
@@ -107,7 +113,8 @@ Status ParseRope(const json& root, FieldReader& top, ModelConfig& cfg, const std
     cfg.rope_factor = r.Number("factor", std::nullopt);
     cfg.rope_low_freq_factor = r.Number("low_freq_factor", std::nullopt);
     cfg.rope_high_freq_factor = r.Number("high_freq_factor", std::nullopt);
-    cfg.rope_original_max_positions = r.Int("original_max_position_embeddings", std::nullopt);
+    cfg.rope_original_max_positions =
+        r.Int("original_max_position_embeddings", std::nullopt, 1, ModelLimits::max_positions);
     if (r.status().ok() && cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor)
       r.Fail("high_freq_factor", "must exceed low_freq_factor");
   } else {
@@ -176,14 +183,15 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::str
                            "' is not supported (supported: llama, mistral, qwen2, qwen3)");
   }
 
-  cfg.vocab_size = r.Int("vocab_size", std::nullopt);
-  cfg.hidden_size = r.Int("hidden_size", std::nullopt);
-  cfg.intermediate_size = r.Int("intermediate_size", std::nullopt);
-  cfg.num_layers = r.Int("num_hidden_layers", std::nullopt);
-  cfg.num_heads = r.Int("num_attention_heads", std::nullopt);
-  cfg.num_kv_heads = r.Int("num_key_value_heads", cfg.num_heads);
+  using L = ModelLimits;
+  cfg.vocab_size = r.Int("vocab_size", std::nullopt, 1, L::max_vocab_size);
+  cfg.hidden_size = r.Int("hidden_size", std::nullopt, 1, L::max_hidden_size);
+  cfg.intermediate_size = r.Int("intermediate_size", std::nullopt, 1, L::max_intermediate_size);
+  cfg.num_layers = r.Int("num_hidden_layers", std::nullopt, 1, L::max_layers);
+  cfg.num_heads = r.Int("num_attention_heads", std::nullopt, 1, L::max_heads);
+  cfg.num_kv_heads = r.Int("num_key_value_heads", cfg.num_heads, 1, L::max_heads);
   cfg.rms_norm_eps = r.Number("rms_norm_eps", cfg.rms_norm_eps);
-  cfg.max_position_embeddings = r.Int("max_position_embeddings", cfg.max_position_embeddings);
+  cfg.max_position_embeddings = r.Int("max_position_embeddings", cfg.max_position_embeddings, 1, L::max_positions);
   cfg.tie_word_embeddings = r.Bool("tie_word_embeddings", false);
   const std::string act = r.String("hidden_act", "silu");
   if (act != "silu") r.Fail("hidden_act", "'" + act + "' is not supported (only silu)");
@@ -192,7 +200,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::str
   if (cfg.hidden_size % cfg.num_heads != 0 && !r.Has("head_dim"))
     return InvalidArgument(source + ": hidden_size " + std::to_string(cfg.hidden_size) +
                            " is not divisible by num_attention_heads " + std::to_string(cfg.num_heads));
-  cfg.head_dim = r.Int("head_dim", cfg.hidden_size / cfg.num_heads);
+  cfg.head_dim = r.Int("head_dim", cfg.hidden_size / cfg.num_heads, 1, L::max_head_dim);
   if (cfg.head_dim % 2 != 0) r.Fail("head_dim", "must be even for rotary embeddings");
   if (cfg.num_heads % cfg.num_kv_heads != 0)
     r.Fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(cfg.num_heads) + ")");
@@ -203,7 +211,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::str
       cfg.mlp_bias = r.Bool("mlp_bias", false);
       break;
     case ModelFamily::kMistral:
-      if (r.Has("sliding_window")) cfg.sliding_window = r.Int("sliding_window", std::nullopt);
+      if (r.Has("sliding_window")) cfg.sliding_window = r.Int("sliding_window", std::nullopt, 1, L::max_positions);
       break;
     case ModelFamily::kQwen2:
       cfg.qkv_bias = true;

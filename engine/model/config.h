@@ -14,6 +14,18 @@ const char* ModelFamilyName(ModelFamily family);
 
 enum class RopeScaling { kNone, kLinear, kLlama3 };
 
+// The largest dimensions a config.json may declare: beyond every released model, and small enough that the
+// parameter counts and the planner's byte counts (with JobSizeLimits, training_job.h) cannot overflow int64.
+struct ModelLimits {
+  static constexpr int64_t max_vocab_size = int64_t{1} << 24;
+  static constexpr int64_t max_hidden_size = int64_t{1} << 17;
+  static constexpr int64_t max_intermediate_size = int64_t{1} << 20;
+  static constexpr int64_t max_layers = 1024;
+  static constexpr int64_t max_heads = 4096;
+  static constexpr int64_t max_head_dim = 4096;
+  static constexpr int64_t max_positions = int64_t{1} << 24;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   std::string model_type = "llama";  // as written in config.json

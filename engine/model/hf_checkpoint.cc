@@ -1,5 +1,6 @@
 #include "engine/model/hf_checkpoint.h"
 
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 
 #include <filesystem>
@@ -112,18 +113,30 @@ ModelParams ZeroParams(const ModelLayout& layout, at::TensorOptions options) {
   return p;
 }
 
-StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype) {
-  const fs::path dir(model_dir);
-  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(dir));
-  ModelParams params = ZeroParams(BuildModelLayout(cfg), at::TensorOptions().dtype(dtype));
+bool AllFinite(const at::Tensor& t) {
+  // In slices: one boolean mask of a 128K x 4096 embedding would be half a gigabyte.
+  const at::Tensor flat = t.reshape({-1});
+  constexpr int64_t kSlice = int64_t{1} << 22;
+  for (int64_t at = 0; at < flat.numel(); at += kSlice)
+    if (!at::isfinite(flat.slice(0, at, std::min(flat.numel(), at + kSlice))).all().item<bool>()) return false;
+  return true;
+}
 
+namespace {
+
+// Each parameter of `layout` with its source tensor: presence, dtype and shape checked, extras refused.
+StatusOr<std::vector<std::vector<const TensorSource*>>> MatchLayout(const std::map<std::string, TensorSource>& sources,
+                                                                    const ModelLayout& layout, const ModelConfig& cfg,
+                                                                    const std::string& model_dir) {
+  std::vector<std::vector<const TensorSource*>> matched(layout.units.size());
   std::vector<std::string> missing;
   std::set<std::string> used;
-  for (size_t u = 0; u < params.layout.units.size(); ++u) {
-    for (const auto& spec : params.layout.units[u].params) {
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (const auto& spec : layout.units[u].params) {
       auto it = sources.find(spec.name);
       if (it == sources.end()) {
         missing.push_back(spec.name);
+        matched[u].push_back(nullptr);
         continue;
       }
       const SafetensorsEntry& e = *it->second.entry;
@@ -133,7 +146,7 @@ StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const Model
       if (e.shape != spec.shape)
         return InvalidArgument(it->second.file->path() + ": tensor '" + spec.name + "' has shape " +
                                ShapeString(e.shape) + " but config.json implies " + ShapeString(spec.shape));
-      ParamView(spec, params.units[u]).copy_(it->second.file->View(e));
+      matched[u].push_back(&it->second);
       used.insert(spec.name);
     }
   }
@@ -149,15 +162,48 @@ StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const Model
       return InvalidArgument(src.file->path() + ": tensor '" + name + "' is not part of a " + cfg.model_type +
                              " model with this config.json");
   }
+  return matched;
+}
+
+}  // namespace
+
+Status CheckHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg) {
+  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(fs::path(model_dir)));
+  return MatchLayout(sources, BuildModelLayout(cfg), cfg, model_dir).status();
+}
+
+StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype,
+                                       const std::function<Status()>& interrupted) {
+  const fs::path dir(model_dir);
+  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(dir));
+  const ModelLayout layout = BuildModelLayout(cfg);
+  SLIDE_ASSIGN_OR_RETURN(auto matched, MatchLayout(sources, layout, cfg, model_dir));
+  ModelParams params = ZeroParams(layout, at::TensorOptions().dtype(dtype));
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (size_t p = 0; p < layout.units[u].params.size(); ++p) {
+      if (interrupted) SLIDE_RETURN_IF_ERROR(interrupted());
+      const ParamSpec& spec = layout.units[u].params[p];
+      const TensorSource& src = *matched[u][p];
+      SLIDE_ASSIGN_OR_RETURN(at::Tensor value, src.file->Read(*src.entry));
+      at::Tensor dst = ParamView(spec, params.units[u]);
+      dst.copy_(value);
+      // A NaN or Inf weight makes every loss NaN: refuse the model here, naming the tensor, rather than train it.
+      if (!AllFinite(dst))
+        return InvalidArgument(src.file->path() + ": tensor '" + spec.name + "' holds NaN or infinite values");
+    }
+  }
   return params;
 }
 
 Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_model_dir, const ModelParams& params,
                           const ExportOptions& options) {
-  const fs::path out(out_dir), src(source_model_dir);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) return InvalidArgument(out_dir + ": cannot create directory (" + ec.message() + ")");
+  SLIDE_ASSIGN_OR_RETURN(OutputDirectory out, OutputDirectory::Open(out_dir, {}));
+  return ExportHfCheckpoint(out, source_model_dir, params, options);
+}
+
+Status ExportHfCheckpoint(const OutputDirectory& out, const std::string& source_model_dir, const ModelParams& params,
+                          const ExportOptions& options) {
+  const fs::path src(source_model_dir);
 
   SLIDE_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(src / "config.json"));
   json config;
@@ -171,7 +217,7 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
                                                          : "bfloat16";
   config["torch_dtype"] = dtype_name;
   // Written through a temporary renamed over it: a link planted in the output directory is replaced, never followed.
-  SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), config.dump(2) + "\n"));
+  SLIDE_RETURN_IF_ERROR(out.WriteFileAtomic("config.json", config.dump(2) + "\n"));
 
   // Group tensors into shards of at most max_shard_bytes (a tensor never splits).
   std::vector<NamedTensors> shards(1);
@@ -188,24 +234,24 @@ Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_
     total_bytes += bytes;
   }
   if (shards.size() == 1) {
-    SLIDE_RETURN_IF_ERROR(WriteSafetensors((out / kSingleFile).string(), shards[0]));
+    SLIDE_RETURN_IF_ERROR(WriteSafetensorsAt(out.fd(), kSingleFile, StreamedFrom(shards[0])));
   } else {
     json weight_map = json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       char name[64];
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      SLIDE_RETURN_IF_ERROR(WriteSafetensors((out / name).string(), shards[i]));
+      SLIDE_RETURN_IF_ERROR(WriteSafetensorsAt(out.fd(), name, StreamedFrom(shards[i])));
       for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
     }
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / kIndexFile).string(), index.dump(2) + "\n"));
+    SLIDE_RETURN_IF_ERROR(out.WriteFileAtomic(kIndexFile, index.dump(2) + "\n"));
   }
 
   for (const std::string& name : CompanionFilesCopiedOnExport()) {
     if (!fs::exists(src / name)) continue;
     // Read through the job's file confinement: a tokenizer file linked out of the roots is refused, not copied.
     SLIDE_ASSIGN_OR_RETURN(std::string content, ReadFileToString((src / name).string()));
-    SLIDE_RETURN_IF_ERROR(WriteFileAtomic((out / name).string(), content));
+    SLIDE_RETURN_IF_ERROR(out.WriteFileAtomic(name, content));
   }
   return Status::Ok();
 }

@@ -4,9 +4,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "engine/common/files.h"
 #include "engine/common/status.h"
 #include "engine/model/config.h"
 #include "engine/model/param_layout.h"
@@ -31,7 +33,15 @@ const std::vector<std::string>& CompanionFilesCopiedOnExport();
 
 // Reads model.safetensors or a sharded checkpoint (model.safetensors.index.json) from `model_dir`,
 // checking every tensor's presence and shape against `cfg`. Values are converted to `dtype`.
-StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype);
+// Every tensor refused as NaN or infinite; `interrupted` (when set) is asked between tensors and its error stops
+// the load (a job cancelled or suspended while it loads).
+StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype,
+                                       const std::function<Status()>& interrupted = {});
+// The checks LoadHfCheckpoint makes before reading any data (tensors present with the config's shapes and float
+// dtypes, no strangers), from the safetensors headers alone: cheap enough for submission.
+Status CheckHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg);
+// Whether every element is finite (checked in slices, without a full-size mask).
+bool AllFinite(const at::Tensor& t);
 
 struct ExportOptions {
   c10::ScalarType dtype = c10::kBFloat16;
@@ -41,6 +51,9 @@ struct ExportOptions {
 // Writes a directory `from_pretrained` loads: config.json (from `source_model_dir`, dtype updated),
 // safetensors weights, and the tokenizer/generation files found in `source_model_dir`.
 Status ExportHfCheckpoint(const std::string& out_dir, const std::string& source_model_dir, const ModelParams& params,
+                          const ExportOptions& options = {});
+// The same into a directory opened once (a job's output directory: written only through its descriptor).
+Status ExportHfCheckpoint(const OutputDirectory& out, const std::string& source_model_dir, const ModelParams& params,
                           const ExportOptions& options = {});
 
 }  // namespace slide

@@ -1,9 +1,7 @@
 #include "engine/model/safetensors.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <ext/stdio_filebuf.h>
@@ -15,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/common/files.h"
 #include "engine/common/path_confinement.h"
 
 namespace slide {
@@ -81,56 +80,59 @@ std::string SafetensorsDtypeName(c10::ScalarType dtype) {
 
 StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   SLIDE_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return Internal(path + ": fstat failed (" + std::strerror(errno) + ")");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    return InvalidArgument(path + ": " + std::to_string(size) + " bytes is too short for a safetensors header");
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return Internal(path + ": mmap failed (" + std::strerror(errno) + ")");
-
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->self_ = file;
+  file->fd_ = fd;  // closed by the destructor from here on
   file->path_ = path;
-  file->map_ = map;
-  file->map_size_ = size;
-  SLIDE_RETURN_IF_ERROR(file->Parse(static_cast<const uint8_t*>(map), size));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Internal(path + ": fstat failed (" + std::strerror(errno) + ")");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8)
+    return InvalidArgument(path + ": " + std::to_string(size) + " bytes is too short for a safetensors header");
+  uint64_t header_len = 0;
+  if (::pread(fd, &header_len, 8, 0) != 8) return DataLoss(path + ": cannot read the header length");
+  if (header_len > kMaxHeaderBytes)
+    return InvalidArgument(path + ": header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
+  if (header_len > size - 8)
+    return InvalidArgument(path + ": header length " + std::to_string(header_len) + " runs past the end of the " +
+                           std::to_string(size) + "-byte file");
+  std::vector<uint8_t> header(header_len);
+  for (uint64_t done = 0; done < header_len;) {
+    const ssize_t n = ::pread(fd, header.data() + done, header_len - done, static_cast<off_t>(8 + done));
+    if (n <= 0) return DataLoss(path + ": the header ends early (the file changed while it was read)");
+    done += static_cast<uint64_t>(n);
+  }
+  file->data_offset_ = 8 + header_len;
+  SLIDE_RETURN_IF_ERROR(file->Parse(header.data(), header_len, size));
   return file;
 }
 
 StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(const uint8_t* bytes, size_t size,
                                                                       const std::string& name) {
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->self_ = file;
   file->path_ = name;
   if (size < 8)
     return InvalidArgument(name + ": " + std::to_string(size) + " bytes is too short for a safetensors header");
-  SLIDE_RETURN_IF_ERROR(file->Parse(bytes, size));
-  return file;
-}
-
-Status SafetensorsFile::Parse(const uint8_t* bytes, uint64_t size) {
-  const std::string& path = path_;
-  SafetensorsFile* file = this;
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);  // little-endian on every supported host
   if (header_len > kMaxHeaderBytes)
-    return InvalidArgument(path + ": header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
+    return InvalidArgument(name + ": header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
   if (header_len > size - 8)
-    return InvalidArgument(path + ": header length " + std::to_string(header_len) + " runs past the end of the " +
+    return InvalidArgument(name + ": header length " + std::to_string(header_len) + " runs past the end of the " +
                            std::to_string(size) + "-byte file");
+  file->data_offset_ = 8 + header_len;
+  file->bytes_data_ = bytes + 8 + header_len;
+  SLIDE_RETURN_IF_ERROR(file->Parse(bytes + 8, header_len, size));
+  return file;
+}
+
+Status SafetensorsFile::Parse(const uint8_t* header_bytes, uint64_t header_len, uint64_t size) {
+  const std::string& path = path_;
+  SafetensorsFile* file = this;
   const uint64_t data_size = size - 8 - header_len;
-  file->data_ = bytes + 8 + header_len;
 
   json header;
   try {
-    header = json::parse(bytes + 8, bytes + 8 + header_len);
+    header = json::parse(header_bytes, header_bytes + header_len);
   } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
     return InvalidArgument(path + ": header is not valid JSON (" + e.what() + ")");
   }
@@ -167,7 +169,7 @@ Status SafetensorsFile::Parse(const uint8_t* bytes, uint64_t size) {
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
@@ -175,27 +177,47 @@ const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
-at::Tensor SafetensorsFile::View(const SafetensorsEntry& entry) const {
-  auto keep_alive = self_.lock();
-  auto options = at::TensorOptions().dtype(entry.dtype).device(at::kCPU);
-  if (entry.end == entry.begin) return at::empty(entry.shape, options);
-  return at::from_blob(
-      const_cast<uint8_t*>(data_ + entry.begin), entry.shape, [keep_alive](void*) mutable { keep_alive.reset(); },
-      options);
+StatusOr<at::Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) const {
+  at::Tensor out = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype).device(at::kCPU));
+  const uint64_t bytes = entry.end - entry.begin;
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  if (bytes_data_ != nullptr) {
+    if (bytes > 0) std::memcpy(dst, bytes_data_ + entry.begin, bytes);
+    return out;
+  }
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t chunk = std::min<uint64_t>(bytes - done, uint64_t{1} << 30);
+    const ssize_t n = ::pread(fd_, dst + done, chunk, static_cast<off_t>(data_offset_ + entry.begin + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return DataLoss(path_ + ": tensor '" + entry.name + "': the file ends before its bytes (truncated or replaced " +
+                      "while it was being read)" + (n < 0 ? std::string(": ") + std::strerror(errno) : ""));
+    done += static_cast<uint64_t>(n);
+  }
+  return out;
 }
 
-Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+std::vector<StreamedTensor> StreamedFrom(const NamedTensors& tensors) {
   std::vector<StreamedTensor> streamed;
   for (const auto& [name, t] : tensors) {
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
     streamed.push_back({name, cpu.scalar_type(), cpu.sizes().vec(), [cpu]() -> StatusOr<at::Tensor> { return cpu; }});
   }
-  return WriteSafetensorsStreamed(path, std::move(streamed), metadata);
+  return streamed;
+}
+
+Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  return WriteSafetensorsAt(AT_FDCWD, path, StreamedFrom(tensors), metadata);
 }
 
 Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTensor> tensors,
                                 const std::map<std::string, std::string>& metadata) {
+  return WriteSafetensorsAt(AT_FDCWD, path, std::move(tensors), metadata);
+}
+
+Status WriteSafetensorsAt(int dir_fd, const std::string& path, std::vector<StreamedTensor> tensors,
+                          const std::map<std::string, std::string>& metadata) {
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -216,9 +238,9 @@ Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTen
   text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
 
   const std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());  // a stale temporary, or a link planted there, is never written through
+  ::unlinkat(dir_fd, tmp.c_str(), 0);  // a stale temporary, or a link planted there, is never written through
   {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const int fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return InvalidArgument(tmp + ": cannot create (" + std::strerror(errno) + ")");
     __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);  // closes the fd
     std::ostream out(&file);
@@ -228,7 +250,7 @@ Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTen
     for (size_t i = 0; i < tensors.size() && out; ++i) {
       StatusOr<at::Tensor> produced = tensors[i].produce();
       if (!produced.ok()) {
-        ::unlink(tmp.c_str());
+        ::unlinkat(dir_fd, tmp.c_str(), 0);
         return produced.status().WithContext(path + ": tensor '" + tensors[i].name + "'");
       }
       const at::Tensor t = produced->contiguous();
@@ -237,16 +259,15 @@ Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTen
       out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(sizes[i]));
     }
     out.flush();
-    if (!out) {
+    if (!out || ::fsync(fd) != 0) {
       const int err = errno;
-      ::unlink(tmp.c_str());
-      return Internal(tmp + ": write failed (" + std::strerror(err) + ")");
+      ::unlinkat(dir_fd, tmp.c_str(), 0);
+      return Status(StatusCode::kFailedPrecondition, tmp + ": write failed (" + std::strerror(err) + ")");
     }
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Internal(path + ": rename failed (" + ec.message() + ")");
-  return Status::Ok();
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, path.c_str()) != 0)
+    return Status(StatusCode::kFailedPrecondition, path + ": rename failed (" + std::strerror(errno) + ")");
+  return SyncDirectoryOf(dir_fd, path);
 }
 
 }  // namespace slide

@@ -1,6 +1,8 @@
-// safetensors I/O: a validating, memory-mapped reader and an atomic writer.
-// Format: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}, ...},
+// safetensors I/O: a validating reader that copies each tensor into memory it owns as it is read, and an atomic
+// writer. Format: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}, ...},
 // then the data section; offsets are relative to the data section.
+// The reader never maps the file: a file truncated or rewritten in place while it is read (`cp new old`) gives an
+// error for that read, never a SIGBUS that would take the whole process down.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,7 +29,7 @@ struct SafetensorsEntry {
 
 class SafetensorsFile {
  public:
-  // Maps and validates the whole header; every failure names the file (and the tensor).
+  // Reads and validates the whole header (not the data); every failure names the file (and the tensor).
   static StatusOr<std::shared_ptr<SafetensorsFile>> Open(const std::string& path);
   // The same validation over `size` bytes in memory that outlive the result (`name` names it in errors).
   static StatusOr<std::shared_ptr<SafetensorsFile>> FromBytes(const uint8_t* bytes, size_t size,
@@ -40,20 +42,21 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const SafetensorsEntry* Find(const std::string& name) const;
-  // A read-only CPU tensor over the mapped bytes; it keeps the mapping alive. Clone before writing.
-  at::Tensor View(const SafetensorsEntry& entry) const;
+  // The tensor's bytes, read into a new CPU tensor. DATA_LOSS when the file no longer holds them (truncated or
+  // replaced since Open).
+  StatusOr<at::Tensor> Read(const SafetensorsEntry& entry) const;
 
  private:
   SafetensorsFile() = default;
-  Status Parse(const uint8_t* bytes, uint64_t size);  // header, entries, overlaps; data_ points into `bytes`
+  // Header, entries, overlaps, for a file of `size` bytes whose header is `header` (without the length prefix).
+  Status Parse(const uint8_t* header, uint64_t header_len, uint64_t size);
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
-  const uint8_t* data_ = nullptr;  // start of the data section
+  int fd_ = -1;                          // Open: the file, read with pread
+  const uint8_t* bytes_data_ = nullptr;  // FromBytes: the data section in the caller's memory
+  uint64_t data_offset_ = 0;             // where the data section starts in the file
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
-  std::weak_ptr<SafetensorsFile> self_;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -72,6 +75,11 @@ struct StreamedTensor {
 };
 Status WriteSafetensorsStreamed(const std::string& path, std::vector<StreamedTensor> tensors,
                                 const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+// The same for `name` inside the open directory `dir_fd` (see OutputDirectory, engine/common/files.h).
+Status WriteSafetensorsAt(int dir_fd, const std::string& name, std::vector<StreamedTensor> tensors,
+                          const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+// Tensors held in memory, as StreamedTensors (copied to CPU contiguous).
+std::vector<StreamedTensor> StreamedFrom(const NamedTensors& tensors);
 
 // "BF16" <-> kBFloat16 etc. Supported: F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL.
 StatusOr<c10::ScalarType> SafetensorsDtypeFromName(const std::string& name);

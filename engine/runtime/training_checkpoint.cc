@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/common/files.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/model/safetensors.h"
 #include "engine/runtime/sliding_trainer.h"
 
@@ -97,40 +98,56 @@ StatusOr<std::optional<CheckpointInfo>> ReadCheckpointInfo(const std::string& di
   return std::optional<CheckpointInfo>(std::move(info));
 }
 
-StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
+StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const ResumeExpectation& job,
                                                                SlidingTrainer& trainer) {
   SLIDE_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> read, ReadCheckpointInfo(dir));
   if (!read) return read;
   CheckpointInfo& info = *read;
   const std::string step_dir = info.step_dir, state_path = step_dir + "/state.json";
-  if (info.fingerprint != fingerprint)
+  if (info.fingerprint != job.fingerprint)
     return FailedPrecondition("checkpoint '" + state_path + "' belongs to a different job (" + info.fingerprint +
-                              ", this job is " + fingerprint + ")");
+                              ", this job is " + job.fingerprint + ")");
+  // state.json is a file on disk like any other: what it claims must be possible for this job.
+  if (info.total_steps != job.total_steps || info.step > job.total_steps)
+    return DataLoss("checkpoint '" + state_path + "' claims step " + std::to_string(info.step) + " of " +
+                    std::to_string(info.total_steps) + ", but this job has " + std::to_string(job.total_steps) +
+                    " steps");
+  if (info.order_index > job.train_sequences)
+    return DataLoss("checkpoint '" + state_path + "' claims data position " + std::to_string(info.order_index) +
+                    ", but this job has " + std::to_string(job.train_sequences) + " training sequences");
+  if (info.step > 0 && !std::isfinite(info.loss))
+    return DataLoss("checkpoint '" + state_path + "' records a non-finite loss at step " + std::to_string(info.step));
 
   const std::string tensors_path = step_dir + "/optimizer.safetensors";
   auto opened = SafetensorsFile::Open(tensors_path);
   if (!opened.ok()) return DataLoss("checkpoint is corrupt: " + opened.status().message());
   std::shared_ptr<SafetensorsFile> file = std::move(opened).value();
-  // Every tensor is checked before any is copied: a bad file leaves the trainer's state untouched.
   SLIDE_RETURN_IF_ERROR(trainer.SyncUpdates());
   const ModelLayout& layout = trainer.layout();
   if (file->entries().size() != 3 * layout.units.size())
     return DataLoss("checkpoint '" + tensors_path + "' has " + std::to_string(file->entries().size()) +
                     " tensors, expected " + std::to_string(3 * layout.units.size()));
-  std::vector<std::tuple<int, size_t, at::Tensor>> copies;  // (kind, unit, source view)
+  // Every tensor's name, dtype and size are checked before any is read; the values are checked as each is read.
+  // A bad value fails the job, whose trainer is then discarded, so a half-restored state is never trained.
+  std::vector<std::tuple<int, size_t, const SafetensorsEntry*>> entries;
   for (int kind = 0; kind < 3; ++kind) {
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const std::string name = std::string(kKinds[kind]) + "." + std::to_string(u);
       const SafetensorsEntry* e = file->Find(name);
       if (e == nullptr) return DataLoss("checkpoint '" + tensors_path + "' lacks tensor '" + name + "'");
-      at::Tensor v = file->View(*e);
-      if (v.scalar_type() != at::kFloat || v.dim() != 1 || v.numel() != layout.units[u].numel)
+      if (e->dtype != at::kFloat || e->shape.size() != 1 || e->shape[0] != layout.units[u].numel)
         return DataLoss("checkpoint '" + tensors_path + "' tensor '" + name + "' is not fp32[" +
                         std::to_string(layout.units[u].numel) + "]");
-      copies.emplace_back(kind, u, v);
+      entries.emplace_back(kind, u, e);
     }
   }
-  for (auto& [kind, unit, src] : copies) SLIDE_RETURN_IF_ERROR(trainer.WriteState(kind, unit, src));
+  for (const auto& [kind, unit, e] : entries) {
+    auto value = file->Read(*e);
+    if (!value.ok()) return DataLoss("checkpoint is corrupt: " + value.status().message());
+    if (!AllFinite(*value))
+      return DataLoss("checkpoint '" + tensors_path + "' tensor '" + e->name + "' holds NaN or infinite values");
+    SLIDE_RETURN_IF_ERROR(trainer.WriteState(kind, unit, *value));
+  }
   trainer.StateRestored(info.step);
   return std::optional<CheckpointInfo>(info);
 }

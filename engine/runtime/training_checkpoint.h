@@ -33,9 +33,17 @@ StatusOr<std::optional<CheckpointInfo>> ReadCheckpointInfo(const std::string& di
 // The step must be newer than the one LATEST names (its directory is replaced first).
 Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info, SlidingTrainer& trainer);
 
+// What a checkpoint must agree with to be resumed by a job.
+struct ResumeExpectation {
+  std::string fingerprint;      // CheckpointInfo::fingerprint of this job
+  int64_t total_steps = 0;      // the job's steps: a checkpoint's step lies in [0, total_steps]
+  int64_t train_sequences = 0;  // the data position lies within the training split
+};
+
 // No LATEST in `dir`: nullopt. Otherwise loads the state into `trainer` (and calls StateRestored) after checking
-// every tensor and the fingerprint; anything corrupt or mismatched is an error naming the file.
-StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const std::string& fingerprint,
+// the fingerprint, the step and data position against `job`, every tensor's shape, and every value (finite); anything
+// corrupt or mismatched is an error naming the file.
+StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const ResumeExpectation& job,
                                                                SlidingTrainer& trainer);
 
 }  // namespace slide

@@ -30,6 +30,13 @@ Status Field(bool ok, const std::string& field, const std::string& what) {
   return ok ? Status::Ok() : InvalidArgument("job field '" + field + "' " + what);
 }
 
+// "job field 'F' must be in [lo, hi]" (+ a note on what the values mean).
+Status InRange(int64_t value, int64_t lo, int64_t hi, const std::string& field, const std::string& note = "") {
+  return Field(
+      value >= lo && value <= hi, field,
+      "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + (note.empty() ? "" : " " + note));
+}
+
 int64_t DeviceReservedBytes(bool cuda) { return cuda ? ReadDeviceAllocatorStats().reserved_bytes : 0; }
 
 MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int64_t>& rows) {
@@ -115,9 +122,14 @@ Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg
       std::to_string(cfg.max_position_embeddings) + "); set allow_seq_len_beyond_model to train beyond it");
 }
 
-Status Cancelled(const std::atomic<bool>* cancel, const char* phase) {
-  if (cancel == nullptr || !cancel->load()) return Status::Ok();
-  return Status(StatusCode::kCancelled, std::string("cancelled while preparing (") + phase + ")");
+// A job stops preparing as soon as it is cancelled (CANCELLED) or suspended for shutdown (kSuspendedWhilePreparing,
+// which RunTrainingJob turns into a suspended result): asked between dataset lines and weight tensors.
+constexpr const char* kSuspendedWhilePreparing = "suspended while preparing";
+Status Interrupted(const std::atomic<bool>* cancel, const std::atomic<bool>* suspend, const char* phase) {
+  if (cancel != nullptr && cancel->load())
+    return Status(StatusCode::kCancelled, std::string("cancelled while preparing (") + phase + ")");
+  if (suspend != nullptr && suspend->load()) return Status(StatusCode::kUnavailable, kSuspendedWhilePreparing);
+  return Status::Ok();
 }
 
 bool UsesCuda(const TrainingJobSpec& spec) {
@@ -138,7 +150,8 @@ c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda) {
 
 // The job's tokenizer (from the model directory) and its dataset, split into training and held-out sequences
 // exactly as every run of this spec splits it.
-StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig& cfg,
+                                 std::function<Status()> interrupted = {}) {
   SLIDE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(spec.model_dir + "/tokenizer.json"));
   SLIDE_ASSIGN_OR_RETURN(TokenizerConfig tcfg, LoadTokenizerConfig(spec.model_dir));
   if (tokenizer->vocab_size() > cfg.vocab_size)
@@ -155,6 +168,7 @@ StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig&
   d.pad_token = tcfg.pad_token;
   d.eval_fraction = spec.eval_fraction;
   d.seed = spec.seed;
+  d.interrupted = std::move(interrupted);
   return LoadJsonlDataset(spec.dataset_path, *tokenizer, d);
 }
 
@@ -199,9 +213,13 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
 StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
   SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+  SLIDE_RETURN_IF_ERROR(CheckTrainingJobOutput(spec));
   ScopedFileConfinement confine(ConfinementRoots(spec));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
   SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec, cfg));
+  // The config's dimensions against the weights' own headers (no data read): a config.json that claims more than
+  // its files hold is refused here, not after the planner has sized buffers for it.
+  SLIDE_RETURN_IF_ERROR(CheckHfCheckpoint(spec.model_dir, cfg));
   const bool cuda = UsesCuda(spec);
   TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
   o.compute_dtype = ComputeDtype(spec, cuda);
@@ -213,13 +231,25 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(!s.model_dir.empty(), "model_dir", "is required"));
   SLIDE_RETURN_IF_ERROR(Field(!s.dataset_path.empty(), "dataset", "is required"));
   SLIDE_RETURN_IF_ERROR(Field(!s.output_dir.empty(), "output_dir", "is required"));
-  SLIDE_RETURN_IF_ERROR(Field(s.steps >= 0, "steps", "must be >= 0"));
-  SLIDE_RETURN_IF_ERROR(Field(s.steps > 0 || s.epochs > 0, "epochs", "must be > 0 when steps is 0"));
-  SLIDE_RETURN_IF_ERROR(Field(s.batch_size >= 1, "batch_size", "must be >= 1"));
+  // Every size is bounded here, before anything is planned or allocated: with these bounds the planner's and
+  // the data order's products (tokens x hidden x bytes, steps x batch, epochs x sequences) stay far inside int64.
+  const JobSizeLimits lim;
+  SLIDE_RETURN_IF_ERROR(InRange(s.steps, 0, lim.max_steps, "steps", "(0 = derive from epochs)"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.epochs, 1, lim.max_epochs, "epochs"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.batch_size, 1, lim.max_batch_size, "batch_size"));
+  SLIDE_RETURN_IF_ERROR(Field(s.micro_batch_size >= 0 && s.micro_batch_size <= s.batch_size, "micro_batch_size",
+                              "must be in [0, batch_size] (0 = batch_size)"));
   const int64_t micro = MicroBatchSize(s);
   SLIDE_RETURN_IF_ERROR(Field(micro >= 1 && s.batch_size % micro == 0, "micro_batch_size",
                               "must divide batch_size (" + std::to_string(s.batch_size) + ")"));
-  SLIDE_RETURN_IF_ERROR(Field(s.seq_len >= 2 && s.seq_len <= (1 << 20), "seq_len", "must be in [2, 1048576]"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.seq_len, 2, lim.max_seq_len, "seq_len"));
+  // Both factors are bounded above (2^20 each), so the products cannot overflow.
+  SLIDE_RETURN_IF_ERROR(Field(micro * s.seq_len <= lim.max_micro_batch_tokens, "micro_batch_size",
+                              "x seq_len is " + std::to_string(micro * s.seq_len) + " tokens per forward; at most " +
+                                  std::to_string(lim.max_micro_batch_tokens) + " (use a smaller micro_batch_size)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.batch_size * s.seq_len <= lim.max_step_tokens, "batch_size",
+                              "x seq_len is " + std::to_string(s.batch_size * s.seq_len) +
+                                  " tokens per step; at most " + std::to_string(lim.max_step_tokens)));
   SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lr) && s.lr > 0 && s.lr < 1, "lr", "must be in (0, 1)"));
   for (const auto& [name, value] : {std::pair<const char*, double>{"weight_decay", s.weight_decay},
                                     {"max_grad_norm", s.max_grad_norm},
@@ -228,24 +258,58 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                                     {"adam_eps", s.adam_eps},
                                     {"eval_fraction", s.eval_fraction}})
     SLIDE_RETURN_IF_ERROR(Field(std::isfinite(value), name, "must be a finite number"));
-  SLIDE_RETURN_IF_ERROR(Field(s.warmup_steps >= 0, "warmup_steps", "must be >= 0"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.warmup_steps, 0, lim.max_steps, "warmup_steps"));
   SLIDE_RETURN_IF_ERROR(Field(s.weight_decay >= 0 && s.weight_decay < 1, "weight_decay", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_beta1 >= 0 && s.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_beta2 >= 0 && s.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_eps > 0, "adam_eps", "must be > 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.eval_fraction >= 0 && s.eval_fraction < 1, "eval_fraction", "must be in [0, 1)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.gpu_budget_bytes > 0, "gpu_budget_bytes", "must be > 0"));
-  SLIDE_RETURN_IF_ERROR(Field(s.window >= 0, "window", "must be >= 0 (0 = chosen by the planner)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.log_every >= 1, "log_every", "must be >= 1"));
-  SLIDE_RETURN_IF_ERROR(Field(s.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = only on shutdown)"));
-  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers >= -1, "nvme_layers",
+  SLIDE_RETURN_IF_ERROR(InRange(s.gpu_budget_bytes, 1, lim.max_gpu_budget_bytes, "gpu_budget_bytes"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.window, 0, lim.max_layers, "window", "(0 = chosen by the planner)"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.log_every, 1, lim.max_steps, "log_every"));
+  SLIDE_RETURN_IF_ERROR(InRange(s.checkpoint_every, 0, lim.max_steps, "checkpoint_every", "(0 = only on shutdown)"));
+  SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers >= -1 && s.nvme_layers <= lim.max_layers, "nvme_layers",
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
   if (s.nvme_state != TierMode::kNone && s.nvme.io.dirs.empty())
     return FailedPrecondition(std::string("job field 'nvme_state' is '") + TierModeName(s.nvme_state) +
                               "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");
+  return Status::Ok();
+}
+
+namespace {
+
+// Whether `inner` is `outer` or lies under it (both resolved).
+bool Within(const std::string& inner, const std::string& outer) {
+  return inner == outer || outer == "/" || inner.rfind(outer + "/", 0) == 0;
+}
+
+}  // namespace
+
+// The export writes config.json, weights and tokenizer files into output_dir: it must not be the model it reads,
+// nor hold or sit inside it, nor be the dataset's directory (or hold it). The model directory is not the dataset's
+// directory either. Compared after resolving links, so a second path to the same directory is caught too.
+Status CheckTrainingJobOutput(const TrainingJobSpec& s) {
+  SLIDE_ASSIGN_OR_RETURN(const std::string out, ResolvePath(s.output_dir));
+  SLIDE_ASSIGN_OR_RETURN(const std::string model, ResolvePath(s.model_dir));
+  const size_t slash = s.dataset_path.find_last_of('/');
+  SLIDE_ASSIGN_OR_RETURN(const std::string data_dir, ResolvePath(slash == 0 ? "/" : s.dataset_path.substr(0, slash)));
+  auto refuse = [&](const std::string& a, const std::string& a_path, const std::string& b, const std::string& b_path,
+                    const std::string& why) {
+    return InvalidArgument("job fields '" + a + "' ('" + a_path + "') and '" + b + "' ('" + b_path + "') " + why);
+  };
+  if (Within(out, model) || Within(model, out))
+    return refuse("output_dir", s.output_dir, "model_dir", s.model_dir,
+                  out == model ? "are the same directory: the export would overwrite the model"
+                               : "contain one another: the export would write into the model's files");
+  if (Within(data_dir, out))
+    return refuse("output_dir", s.output_dir, "dataset", s.dataset_path,
+                  "overlap: the output directory is or holds the dataset's directory");
+  if (model == data_dir)
+    return refuse("model_dir", s.model_dir, "dataset", s.dataset_path,
+                  "overlap: the dataset lies in the model directory (keep data and model apart)");
   return Status::Ok();
 }
 
@@ -278,9 +342,9 @@ namespace {
 // job's file confinement and turns LibTorch's exceptions into statuses.
 class TrainingRun {
  public:
-  TrainingRun(const TrainingJobSpec& spec, const TrainingCallbacks& cb, const std::atomic<bool>* cancel,
-              const std::atomic<bool>* suspend)
-      : spec_(spec), cb_(cb), cancel_(cancel), suspend_(suspend) {}
+  TrainingRun(const TrainingJobSpec& spec, const OutputDirectory& output, const TrainingCallbacks& cb,
+              const std::atomic<bool>* cancel, const std::atomic<bool>* suspend)
+      : spec_(spec), output_(output), cb_(cb), cancel_(cancel), suspend_(suspend) {}
 
   // Config, dataset, weights, memory plan and trainer; resumes from the job's checkpoint when it has one.
   Status Prepare();
@@ -299,7 +363,10 @@ class TrainingRun {
   void ReportStep(const StepStats& st);
   void SkipNvmeTraffic();  // the tier's bytes so far are not a step's (loading, checkpoints)
 
+  Status Interrupted(const char* phase) const { return slide::Interrupted(cancel_, suspend_, phase); }
+
   const TrainingJobSpec& spec_;
+  const OutputDirectory& output_;  // opened once before the run: the export is written through it
   const TrainingCallbacks& cb_;
   const std::atomic<bool>* cancel_;
   const std::atomic<bool>* suspend_;
@@ -324,9 +391,8 @@ Status TrainingRun::Prepare() {
 
   SLIDE_ASSIGN_OR_RETURN(cfg_, LoadHfConfig(spec_.model_dir));
   SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, cfg_));
-  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "model config read"));
-  SLIDE_ASSIGN_OR_RETURN(ds_, LoadJobDataset(spec_, cfg_));
-  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "dataset tokenized"));
+  SLIDE_RETURN_IF_ERROR(Interrupted("model config read"));
+  SLIDE_ASSIGN_OR_RETURN(ds_, LoadJobDataset(spec_, cfg_, [this] { return Interrupted("reading the dataset"); }));
   Log("dataset: " + std::to_string(ds_.stats.samples) + " samples, " + std::to_string(ds_.train.size()) +
       " training and " + std::to_string(ds_.eval.size()) + " held-out sequences of " + std::to_string(spec_.seq_len) +
       " tokens; " + std::to_string(ds_.stats.skipped) + " lines skipped");
@@ -335,8 +401,13 @@ Status TrainingRun::Prepare() {
   micro_ = MicroBatchSize(spec_);
   accum_ = spec_.batch_size / micro_;
   const int64_t n_train = static_cast<int64_t>(ds_.train.size());
+  // epochs and batch_size are bounded (JobSizeLimits) and n_train is a count of sequences in memory: no overflow.
   total_ = spec_.steps > 0 ? spec_.steps
                            : std::max<int64_t>(1, (spec_.epochs * n_train + spec_.batch_size - 1) / spec_.batch_size);
+  if (total_ > JobSizeLimits::max_steps)
+    return InvalidArgument("job field 'epochs' (" + std::to_string(spec_.epochs) + ") over " + std::to_string(n_train) +
+                           " training sequences gives " + std::to_string(total_) + " steps; at most " +
+                           std::to_string(JobSizeLimits::max_steps));
   TrainerOptions o;
   o.adamw = {.lr = spec_.lr,
              .beta1 = spec_.adam_beta1,
@@ -348,8 +419,8 @@ Status TrainingRun::Prepare() {
   o.max_grad_norm = spec_.max_grad_norm;
   o.compute_dtype = dtype;
   o.device = device;
-  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat));
-  SLIDE_RETURN_IF_ERROR(Cancelled(cancel_, "weights loaded"));
+  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat,
+                                                              [this] { return Interrupted("loading the weights"); }));
   MemoryPlan plan;
   SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), JobSlidingOptions(spec_, o),
                                                           MakePlanRequest(spec_, cuda_), &plan));
@@ -364,7 +435,8 @@ Status TrainingRun::Prepare() {
                  " seq=" + std::to_string(spec_.seq_len) + " train_sequences=" + std::to_string(n_train) +
                  " seed=" + std::to_string(spec_.seed) + " total_steps=" + std::to_string(total_);
   if (!spec_.checkpoint_dir.empty()) {
-    SLIDE_ASSIGN_OR_RETURN(auto resumed, LoadTrainingCheckpoint(spec_.checkpoint_dir, fingerprint_, *trainer_));
+    SLIDE_ASSIGN_OR_RETURN(auto resumed,
+                           LoadTrainingCheckpoint(spec_.checkpoint_dir, {fingerprint_, total_, n_train}, *trainer_));
     if (resumed) {
       first_step_ = resumed->step;
       order_->Seek({resumed->order_epoch, resumed->order_index});
@@ -459,6 +531,12 @@ Status TrainingRun::Train() {
     result_.steps = st.step;
     result_.final_loss = st.loss;
     ReportStep(st);
+    // The job's policy for a non-finite step: it fails, before any checkpoint or export could keep what it made.
+    if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+      return DataLoss("step " + std::to_string(st.step) + " gave a non-finite " +
+                      (std::isfinite(st.loss) ? "gradient norm (" + std::to_string(st.grad_norm) + ")"
+                                              : "loss (" + std::to_string(st.loss) + ")") +
+                      "; the job stops without exporting (lower lr, or check the model's weights and the data)");
     if (!spec_.checkpoint_dir.empty() && spec_.checkpoint_every > 0 && st.step % spec_.checkpoint_every == 0 &&
         st.step < total_)
       SLIDE_RETURN_IF_ERROR(Checkpoint(st.step));
@@ -469,12 +547,15 @@ Status TrainingRun::Train() {
 Status TrainingRun::Finish() {
   if (!ds_.eval.empty()) {
     result_.eval_loss = trainer_->EvalLoss(HeldOutBatches(ds_, micro_));
+    if (!std::isfinite(result_.eval_loss))
+      return DataLoss("the held-out loss is not finite (" + std::to_string(result_.eval_loss) +
+                      "); the job stops without exporting");
     Log("held-out loss " + std::to_string(result_.eval_loss));
   }
   ModelParams final_weights = trainer_->Master();
   ExportOptions export_options;
   export_options.dtype = spec_.export_dtype == ExportDtype::kFp32 ? c10::kFloat : c10::kBFloat16;
-  SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(spec_.output_dir, spec_.model_dir, final_weights, export_options));
+  SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(output_, spec_.model_dir, final_weights, export_options));
   result_.export_dir = spec_.output_dir;
   Log("exported to " + spec_.output_dir);
   return Status::Ok();
@@ -486,12 +567,22 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const Train
                                         const std::atomic<bool>* cancel, const std::atomic<bool>* suspend) {
   SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
   SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
-  // The export is written only after every step: a location that cannot take it fails the job now.
-  if (Status st = MakeDirs(spec.output_dir); !st.ok()) return st.WithContext("job field 'output_dir'");
+  SLIDE_RETURN_IF_ERROR(CheckTrainingJobOutput(spec));
+  // The export is written only after every step: a location that cannot take it fails the job now. The directory
+  // is opened once, here, and the export writes through that descriptor: a symlink swapped in for the path while
+  // the job runs cannot send the export elsewhere.
+  auto output = OutputDirectory::Open(spec.output_dir, spec.allowed_roots);
+  if (!output.ok()) return output.status().WithContext("job field 'output_dir'");
   ScopedFileConfinement confine(ConfinementRoots(spec));
   try {
-    TrainingRun run(spec, cb, cancel, suspend);
-    SLIDE_RETURN_IF_ERROR(run.Prepare());
+    TrainingRun run(spec, output.value(), cb, cancel, suspend);
+    if (Status prepared = run.Prepare(); !prepared.ok()) {
+      if (prepared.code() != StatusCode::kUnavailable || prepared.message() != kSuspendedWhilePreparing)
+        return prepared;
+      TrainingResult suspended;  // nothing to checkpoint yet: the job starts over when the daemon comes back
+      suspended.suspended = true;
+      return suspended;
+    }
     SLIDE_RETURN_IF_ERROR(run.Train());
     if (!run.result().suspended) SLIDE_RETURN_IF_ERROR(run.Finish());
     return run.result();

@@ -14,6 +14,7 @@
 #include "engine/data/dataset.h"
 #include "engine/io/state_tier.h"
 #include "engine/memory/checkpoint_placement.h"
+#include "engine/model/config.h"
 #include "engine/optim/lr_schedule.h"
 
 namespace slide {
@@ -68,6 +69,19 @@ struct TrainingJobSpec {
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only when suspended
 };
 
+// The largest job accepted: far beyond any real run, small enough that no product of these sizes with each other
+// or with a model's bounded dimensions (ModelLimits, config.h) overflows int64 in the planner or the data order.
+struct JobSizeLimits {
+  static constexpr int64_t max_steps = int64_t{1} << 40;
+  static constexpr int64_t max_epochs = int64_t{1} << 20;
+  static constexpr int64_t max_batch_size = int64_t{1} << 20;
+  static constexpr int64_t max_seq_len = int64_t{1} << 20;
+  static constexpr int64_t max_micro_batch_tokens = int64_t{1} << 26;  // one forward
+  static constexpr int64_t max_step_tokens = int64_t{1} << 34;         // one optimizer step
+  static constexpr int64_t max_gpu_budget_bytes = int64_t{1} << 50;    // 1 PiB
+  static constexpr int64_t max_layers = ModelLimits::max_layers;
+};
+
 // Validates ranges (not files): every message names the field. The choices are enums: the daemon maps the
 // API's names to them once, at the boundary (server/job_proto.cc).
 Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
@@ -75,6 +89,11 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
 // The job's paths before anything is loaded: each inside allowed_roots, the dataset a regular file when it
 // exists (not a FIFO or a directory), output_dir a directory or not there yet. Errors name the field.
 Status CheckTrainingJobPaths(const TrainingJobSpec& spec);
+
+// Where the export goes, for the jobs that write one: output_dir is not model_dir, neither holds the other, and it
+// is not (and does not hold) the dataset's directory; model_dir is not the dataset's directory. Compared resolved;
+// errors name both fields.
+Status CheckTrainingJobOutput(const TrainingJobSpec& spec);
 
 struct TrainingStepEvent {
   int64_t step = 0, total_steps = 0;

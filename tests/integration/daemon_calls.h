@@ -65,9 +65,54 @@ inline std::vector<v1::JobEvent> Events(Daemon& d, const std::string& id) {
   return out;
 }
 
+inline const std::string kDemo = std::string(SLIDE_SOURCE_DIR) + "/deploy/demo";
+
+inline bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A copy of the demo model in `dir`, with `linked` (if any) a symlink to `target` instead of a copy.
+inline void CopyDemoModel(const fs::path& dir, const std::string& linked = "", const std::string& target = "") {
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(kDemo + "/model")) {
+    const std::string name = entry.path().filename().string();
+    if (name == linked) {
+      fs::create_symlink(target, dir / name);
+    } else {
+      fs::copy_file(entry.path(), dir / name);
+    }
+  }
+}
+
+inline v1::Job WaitFinal(Daemon& d, const std::string& id) {
+  return WaitFor(
+      d, id,
+      [](const v1::Job& j) {
+        return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+      },
+      120);
+}
+
+// A temporary directory named for the test, removed with its contents.
+class Scratch {
+ public:
+  explicit Scratch(const std::string& tag)
+      : dir_(fs::temp_directory_path() / ("slided-" + tag + "-" + std::to_string(getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path operator/(const std::string& name) const { return dir_ / name; }
+  std::string str() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+};
+
 // The health service's answer for `service` ("" = the whole server).
 inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(Daemon& d, const std::string& service = "") {
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(d.addr(), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext c;
   grpc::health::v1::HealthCheckRequest req;

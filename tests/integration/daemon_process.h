@@ -1,6 +1,8 @@
-// A real slided process for integration tests: started on 127.0.0.1:0 (gRPC and metrics), its ports read from
-// the port files, its state in a temporary directory (or a given one, to restart on the same state), killed
-// (SIGKILL) on destruction unless Terminate() or Kill() stopped it.
+// A real slided process for integration tests: gRPC on its owner-only unix socket in the test's directory (or on
+// 127.0.0.1:0 with `tcp`, where the daemon then wants a token: token_env, or the one it generates into its state
+// directory, token()), metrics on 127.0.0.1:0, ports read from the port files, its state in a temporary directory
+// (or a given one, to restart on the same state), killed (SIGKILL) on destruction unless Terminate() or Kill()
+// stopped it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -29,6 +31,7 @@ struct DaemonOptions {
   std::vector<std::string> extra_args;  // e.g. --config FILE
   std::string token_env;                // SLIDE_TOKEN for the process
   bool wait_for_port = true;
+  bool tcp = false;  // gRPC on 127.0.0.1:0 instead of the unix socket
 };
 
 class Daemon {
@@ -39,9 +42,18 @@ class Daemon {
     state_dir_ = options.state_dir.empty() ? (dir_ / "state").string() : options.state_dir;
     const std::string port_file = (dir_ / "port").string(), metrics_file = (dir_ / "metrics-port").string();
     const std::string log = (dir_ / "slided.log").string();
-    std::vector<std::string> args = {
-        SLIDED_PATH, "--listen",         "127.0.0.1:0", "--port-file",         port_file,   "--state-dir",
-        state_dir_,  "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", metrics_file};
+    socket_ = (dir_ / "slided.sock").string();
+    std::vector<std::string> args = {SLIDED_PATH,
+                                     "--listen",
+                                     options.tcp ? "127.0.0.1:0" : "unix:" + socket_,
+                                     "--port-file",
+                                     port_file,
+                                     "--state-dir",
+                                     state_dir_,
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-port-file",
+                                     metrics_file};
     args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -64,7 +76,8 @@ class Daemon {
     }
     std::ifstream(port_file) >> port_;
     std::ifstream(metrics_file) >> metrics_port_;
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials());
+    addr_ = options.tcp ? "127.0.0.1:" + std::to_string(port_) : "unix:" + socket_;
+    channel_ = grpc::CreateChannel(addr_, grpc::InsecureChannelCredentials());
     stub_ = v1::Slide::NewStub(channel_);
   }
   ~Daemon() {
@@ -119,13 +132,21 @@ class Daemon {
     return -1;
   }
   v1::Slide::Stub& stub() { return *stub_; }
-  int port() const { return port_; }
+  int port() const { return port_; }  // > 0 once the daemon serves (the TCP port; for the socket what gRPC reports)
+  const std::string& addr() const { return addr_; }  // for slidectl --addr and new channels
+  std::string socket_path() const { return socket_; }
+  // The token a TCP daemon generated into its state directory ("" when there is none).
+  std::string token() const {
+    std::string t;
+    std::ifstream(state_dir_ + "/token") >> t;
+    return t;
+  }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
  private:
   static inline int counter_ = 0;
   fs::path dir_;
-  std::string state_dir_;
+  std::string state_dir_, socket_, addr_;
   pid_t pid_ = -1;
   int port_ = 0, metrics_port_ = 0, exit_status_ = -1;
   std::shared_ptr<grpc::Channel> channel_;

@@ -363,7 +363,7 @@ TEST(DaemonState, JobsTooLargeOrOutsideTheRootsAreRefusedAtSubmission) {
   fs::remove_all(root, ec);
 }
 
-TEST(DaemonState, BadConfigAndMissingTokenStopTheStartWithTheField) {
+TEST(DaemonState, BadConfigStopsTheStartWithTheFieldAndTcpGetsAGeneratedToken) {
   const fs::path dir = fs::temp_directory_path() / ("slided-config-" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string bad = (dir / "bad.yaml").string();
@@ -384,9 +384,12 @@ TEST(DaemonState, BadConfigAndMissingTokenStopTheStartWithTheField) {
   EXPECT_EQ(k.WaitExit(20), 2);
   EXPECT_NE(k.Log().find(odd_key + ":2:3: server: a key must be text"), std::string::npos) << k.Log();
 
-  Daemon c(DaemonOptions{.extra_args = {"--listen", "0.0.0.0:0"}, .wait_for_port = false});
-  EXPECT_EQ(c.WaitExit(20), 2);
-  EXPECT_NE(c.Log().find("(beyond loopback) requires a bearer token"), std::string::npos) << c.Log();
+  // Beyond loopback without a configured token: one is generated into the state directory (owner-only), and the
+  // log says where; the daemon never listens on TCP without one.
+  Daemon c(DaemonOptions{.extra_args = {"--listen", "0.0.0.0:0"}});
+  ASSERT_GT(c.port(), 0) << c.Log();
+  EXPECT_NE(c.Log().find("generated one into " + c.state_dir() + "/token"), std::string::npos) << c.Log();
+  EXPECT_EQ(c.token().size(), 64u);
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
@@ -586,7 +589,7 @@ TEST(DaemonState, LogLinesCarryTimeAndLevel) {
       ++stamped_lines;
     }
     EXPECT_GE(stamped_lines, 4) << log;
-    EXPECT_NE(log.find("Z INFO  serving on 127.0.0.1:0 (port "), std::string::npos) << log;
+    EXPECT_NE(log.find("Z INFO  serving on " + d.addr() + " (owner-only socket)"), std::string::npos) << log;
     EXPECT_NE(log.find("Z INFO  job " + id + " (demo) RUNNING"), std::string::npos) << log;
     EXPECT_NE(log.find("Z INFO  job " + id + " (demo) SUCCEEDED"), std::string::npos) << log;
     EXPECT_NE(log.find("Z DEBUG job " + id + ": "), std::string::npos) << log;

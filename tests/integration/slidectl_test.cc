@@ -2,9 +2,11 @@
 // parsed back, exit codes for failures, bad files and an unreachable daemon.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -52,7 +54,7 @@ std::string WriteJob(const Daemon& d, const std::string& name, int steps, const 
 
 TEST(Slidectl, SubmitFollowListGetCancel) {
   Daemon d;
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = "--addr " + d.addr();
   CliResult r = Slidectl(addr + " submit " + WriteJob(d, "first", 15) + " --follow");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step 15/15"), std::string::npos) << r.out;
@@ -90,7 +92,7 @@ TEST(Slidectl, SubmitFollowListGetCancel) {
 // (the daemon's GPU budget among them); a bad optimizer setting is refused at submission naming the field.
 TEST(Slidectl, TheWholeSpecRoundTripsThroughTheApi) {
   Daemon d;
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = "--addr " + d.addr();
   CliResult r = Slidectl(addr + " --json submit " +
                          WriteJob(d, "adam", 6, "adam_beta1: 0.8\nadam_beta2: 0.99\nadam_eps: 1.0e-6\nlog_every: 3\n"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -123,7 +125,7 @@ TEST(Slidectl, TheWholeSpecRoundTripsThroughTheApi) {
 
 TEST(Slidectl, ExitCodesAndOneLineErrors) {
   Daemon d;
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = "--addr " + d.addr();
   CliResult r = Slidectl(addr + " submit " + WriteJob(d, "bad", 5, "epochs: many\n"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("field 'epochs' has the wrong type ('many')"), std::string::npos) << r.out;
@@ -141,7 +143,7 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
                                            << "dataset: x.jsonl\noutput_dir: out\nbatch_size: 0\n";
   r = Slidectl(addr + " submit " + d.Path("zero-batch.yaml"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out, "slidectl: job field 'batch_size' must be >= 1\n");
+  EXPECT_EQ(r.out, "slidectl: job field 'batch_size' must be in [1, 1048576]\n");
   // A misspelt flag, a stray word or a flag without its value is an error naming it.
   r = Slidectl(addr + " submit " + WriteJob(d, "typo-flag", 5) + " --folow");
   EXPECT_EQ(r.code, 2);
@@ -200,7 +202,7 @@ TEST(Slidectl, ExitCodesAndOneLineErrors) {
 // A daemon with a token: slidectl without it exits 3 with the daemon's message; --token or SLIDE_TOKEN work.
 TEST(Slidectl, TokenFromTheFlagOrTheEnvironment) {
   Daemon d(slide::testing::DaemonOptions{.token_env = "tok-123"});
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = "--addr " + d.addr();
   CliResult r = Slidectl(addr + " status");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("this daemon requires a bearer token"), std::string::npos) << r.out;
@@ -228,10 +230,10 @@ TEST(Slidectl, TlsWithTheDaemonsCertificate) {
       key + " -out " + cert + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(make.c_str()), 0);
   std::ofstream(config) << "security:\n  tls_cert_file: " << cert << "\n  tls_key_file: " << key << "\n";
-  Daemon d(slide::testing::DaemonOptions{.extra_args = {"--config", config}});
+  Daemon d(slide::testing::DaemonOptions{.extra_args = {"--config", config}, .tcp = true});
   ASSERT_GT(d.port(), 0) << d.Log();
-  EXPECT_NE(d.Log().find(", TLS)"), std::string::npos) << d.Log();
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  EXPECT_NE(d.Log().find(", TLS, bearer token)"), std::string::npos) << d.Log();
+  const std::string addr = "--addr " + d.addr() + " --token-file " + d.state_dir() + "/token";
   CliResult r = Slidectl(addr + " --tls-ca " + cert + " status");
   EXPECT_EQ(r.code, 0) << r.out;
   r = Slidectl(addr + " status");
@@ -245,8 +247,8 @@ TEST(Slidectl, LiveProgressOnATerminal) {
   Daemon d;
   const std::string session = "slidectl-test-" + std::to_string(getpid());
   const std::string done = d.Path("done");
-  const std::string cmd = std::string(SLIDECTL_PATH) + " --addr 127.0.0.1:" + std::to_string(d.port()) + " submit " +
-                          WriteJob(d, "tty", 25) + " --follow; echo exit=$? > " + done + "; sleep 60";
+  const std::string cmd = std::string(SLIDECTL_PATH) + " --addr " + d.addr() + " submit " + WriteJob(d, "tty", 25) +
+                          " --follow; echo exit=$? > " + done + "; sleep 60";
   ASSERT_EQ(std::system(("tmux new-session -d -x 160 -y 40 -s " + session + " '" + cmd + "'").c_str()), 0);
   // Up to 3 minutes: ctest runs two suites at once, and beside the 50-watcher load test a 25-step job is slow.
   for (int i = 0; i < 1800 && !std::filesystem::exists(done); ++i)
@@ -269,7 +271,7 @@ TEST(Slidectl, LiveProgressOnATerminal) {
 TEST(Slidectl, CtrlCDetachesWithoutCancelling) {
   if (std::system("command -v tmux >/dev/null 2>&1") != 0) GTEST_SKIP() << "tmux is not installed";
   Daemon d;
-  const std::string addr = "--addr 127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = "--addr " + d.addr();
   const std::string session = "slidectl-ctrlc-" + std::to_string(getpid());
   const std::string cmd =
       std::string(SLIDECTL_PATH) + " " + addr + " submit " + WriteJob(d, "detach", 60) + " --follow; sleep 60";
@@ -294,7 +296,7 @@ TEST(Slidectl, CtrlCDetachesWithoutCancelling) {
 // steps' progress.
 TEST(Slidectl, InterruptCancelsWhenAskedAndWatchFromAStep) {
   Daemon d;
-  const std::string addr = "127.0.0.1:" + std::to_string(d.port());
+  const std::string addr = d.addr();
   const std::string out = d.Path("follow.out");
   const pid_t pid = fork();
   if (pid == 0) {
@@ -326,6 +328,59 @@ TEST(Slidectl, InterruptCancelsWhenAskedAndWatchFromAStep) {
   EXPECT_NE(r.out.find("step " + std::to_string(last) + "/500"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("step 1/500"), std::string::npos) << r.out;
   EXPECT_EQ(Slidectl("--addr " + addr + " watch " + id + " --from-step x").code, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// A dataset path and a dataset error carrying terminal escape sequences (a title change, a screen clear) reach
+// slidectl's list, get, logs and watch escaped, never raw.
+TEST(Slidectl, TerminalEscapesFromTheDaemonArePrintedEscaped) {
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  const std::string evil_dir = d.Path("data\x1b]0;pwned\x07");
+  std::filesystem::create_directories(evil_dir);
+  std::ofstream(evil_dir + "/train.jsonl") << "{\"text\": \"fine\"}\n{oops \x1b[2J\x1b[H\n";
+  v1::JobSpec spec = slide::testing::DemoJobSpec(d.Path("out"), 2);
+  spec.set_dataset(evil_dir + "/train.jsonl");
+  const std::string id = slide::testing::Submit(d, spec);
+  ASSERT_FALSE(id.empty());
+  const v1::Job done = WaitFor(
+      d, id, [](const v1::Job& j) { return j.state() == v1::FAILED; }, 120);
+  ASSERT_EQ(done.state(), v1::FAILED);
+  ASSERT_NE(done.error().find('\x1b'), std::string::npos);  // the daemon's own record keeps the bytes
+  const std::string addr = "--addr " + d.addr();
+  for (const std::string& command : std::vector<std::string>{"list", "get " + id, "logs " + id, "watch " + id}) {
+    const CliResult r = Slidectl(addr + " " + command);
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << command << ": " << r.out;
+    EXPECT_EQ(r.out.find('\x07'), std::string::npos) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("\\x1b]0;pwned\\x07"), std::string::npos) << command << ": " << r.out;
+  }
+}
+
+// Every path slidectl reads is checked: a directory or FIFO as the job file is one line and exit 2, not an
+// uncaught exception or a hang; an unclosed quote names its line.
+TEST(Slidectl, BadJobFilePathsAreOneLineAndExitTwo) {
+  Daemon d;
+  ASSERT_GT(d.port(), 0) << d.Log();
+  const std::string addr = "--addr " + d.addr();
+  CliResult r = Slidectl(addr + " submit " + d.Path(""));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("is a directory, not a job file"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  const std::string fifo = d.Path("job.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = Slidectl(addr + " submit " + fifo);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("is a FIFO, not a job file"), std::string::npos) << r.out;
+  std::ofstream(d.Path("quote.yaml")) << "steps: 2\nname: \"never closed\nlr: 0.1\n";
+  r = Slidectl(addr + " submit " + d.Path("quote.yaml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("quote.yaml:2: field 'name': a quoted value is never closed"), std::string::npos) << r.out;
+  r = Slidectl(addr + " --tls-ca " + d.Path("") + " status");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("is a directory, not a CA certificate"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -77,7 +79,8 @@ TEST(HfConfig, NamesTheBadField) {
   auto wrong_type = ParseError(Base(R"(, "rms_norm_eps": "small")"));
   EXPECT_NE(wrong_type.message().find("'rms_norm_eps' must be a number"), std::string::npos) << wrong_type.message();
   auto negative = ParseError(R"({"model_type": "llama", "vocab_size": -3})");
-  EXPECT_NE(negative.message().find("'vocab_size' must be >= 1"), std::string::npos) << negative.message();
+  EXPECT_NE(negative.message().find("'vocab_size' must be in [1, 16777216], got -3"), std::string::npos)
+      << negative.message();
   auto gqa = ParseError(Base().replace(Base().find("\"num_key_value_heads\": 2"), 24, "\"num_key_value_heads\": 3"));
   EXPECT_NE(gqa.message().find("num_key_value_heads"), std::string::npos) << gqa.message();
   auto act = ParseError(Base(R"(, "hidden_act": "gelu")"));
@@ -86,6 +89,36 @@ TEST(HfConfig, NamesTheBadField) {
   EXPECT_NE(rope.message().find("'rope_type' 'yarn' is not supported"), std::string::npos) << rope.message();
   auto llama3_rope = ParseError(Base(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})"));
   EXPECT_NE(llama3_rope.message().find("low_freq_factor"), std::string::npos) << llama3_rope.message();
+}
+
+// Dimensions beyond any model (num_hidden_layers 2^40 took the daemon down while it planned, vocab_size 2^63-1
+// failed deep inside LibTorch without naming the file): each bounded here, naming the file and the field.
+TEST(HfConfig, DimensionsBeyondAnyModelAreRefusedByField) {
+  auto with = [](const std::string& key, const std::string& value) {
+    std::string text = Base();
+    const size_t at = text.find("\"" + key + "\": ");
+    EXPECT_NE(at, std::string::npos) << key;
+    const size_t end = text.find_first_of(",}", at);
+    return ParseError(text.replace(at, end - at, "\"" + key + "\": " + value));
+  };
+  for (const auto& [key, value, bound] :
+       {std::tuple<std::string, std::string, std::string>{"num_hidden_layers", "1099511627776", "[1, 1024]"},
+        {"vocab_size", "9223372036854775807", "[1, 16777216]"},
+        {"hidden_size", "4611686018427387904", "[1, 131072]"},
+        {"intermediate_size", "1152921504606846976", "[1, 1048576]"},
+        {"num_attention_heads", "1048576", "[1, 4096]"}}) {
+    const Status s = with(key, value);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(s.message().find("cfg.json: field '" + key + "' must be in " + bound + ", got " + value),
+              std::string::npos)
+        << s.message();
+  }
+  // At the bounds the parameter count stays exact (no int64 overflow anywhere in it).
+  ModelConfig big = ValueOrDie(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 16777216, "hidden_size": 131072,
+      "intermediate_size": 1048576, "num_hidden_layers": 1024, "num_attention_heads": 4096, "head_dim": 4096})",
+                                             "cfg.json"));
+  EXPECT_GT(big.TotalParamCount(), 0);
+  EXPECT_GT(big.TotalParamCount(), big.num_layers * big.LayerParamCount() - 1);
 }
 
 TEST(HfConfig, AcceptsTransformers5RopeParameters) {

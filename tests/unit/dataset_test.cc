@@ -64,6 +64,39 @@ TEST(Dataset, TextIsPackedIntoFullWindows) {
   EXPECT_EQ(ds.train.front().input_ids.front(), tok->TokenId("<|begin_of_text|>"));
 }
 
+// One sample far longer than seq_len (an 8 MiB line took minutes: each cut sequence moved the whole rest of the
+// stream) is cut into full windows in order, its tail padded.
+TEST(Dataset, ALongSampleIsCutIntoWindowsInOrder) {
+  auto tok = Load("llama3");
+  TempDir dir;
+  DatasetOptions o;
+  o.seq_len = 8;
+  o.format = DatasetFormat::kTokens;
+  std::string ids;
+  for (int i = 0; i < 1001; ++i) ids += (i ? ", " : "") + std::to_string(i % 500);
+  Dataset ds = ValueOrDie(LoadJsonlDataset(Write(dir, "{\"input_ids\": [" + ids + "]}\n"), *tok, o));
+  ASSERT_EQ(ds.train.size(), 126u);  // 125 full windows and the padded tail
+  for (size_t w = 0; w < 125; ++w)
+    for (size_t t = 0; t < 8; ++t) EXPECT_EQ(ds.train[w].input_ids[t], static_cast<int32_t>((w * 8 + t) % 500));
+  EXPECT_EQ(ds.train.back().input_ids[0], 1000 % 500);
+  EXPECT_EQ(ds.train.back().labels[1], -100);
+}
+
+// Preparation asks `interrupted` before every line, so a cancelled or suspended job stops reading within a line.
+TEST(Dataset, InterruptedStopsTheLoadAtTheNextLine) {
+  auto tok = Load("llama3");
+  TempDir dir;
+  std::string content;
+  for (int i = 0; i < 100; ++i) content += R"({"text": "line )" + std::to_string(i) + "\"}\n";
+  DatasetOptions o;
+  o.seq_len = 16;
+  int asked = 0;
+  o.interrupted = [&]() { return ++asked > 5 ? Status(StatusCode::kCancelled, "stop") : Status::Ok(); };
+  auto r = LoadJsonlDataset(Write(dir, content), *tok, o);
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(asked, 6);
+}
+
 TEST(Dataset, PromptCompletionTrainsOnTheCompletionOnly) {
   auto tok = Load("llama3");
   TempDir dir;

@@ -3,6 +3,7 @@
 #include "client/job_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -157,6 +158,41 @@ TEST_F(JobFileTest, BadKeysAndValuesNameTheLine) {
   EXPECT_EQ(slidectl::LoadJobFile(Write("steps: [\n"), &spec).rfind(path + ":", 0), 0u);
   EXPECT_NE(slidectl::LoadJobFile((dir_ / "missing.yaml").string(), &spec).find("cannot open job file"),
             std::string::npos);
+}
+
+// yaml-cpp reads an unclosed quote to the end of the file: the job file names the line instead of sending a
+// name made of the rest of the file.
+TEST_F(JobFileTest, AnUnclosedQuoteNamesItsLine) {
+  JobSpec spec;
+  const std::string path = (dir_ / "job.yaml").string();
+  EXPECT_EQ(slidectl::LoadJobFile(Write("steps: 3\nname: \"half\nlr: 0.001\nseed: 4\n"), &spec),
+            path + ":2: field 'name': a quoted value is never closed (its quote runs to the end of the file)");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("name: 'it''s\n"), &spec),
+            path + ":1: field 'name': a quoted value is never closed (its quote runs to the end of the file)");
+  EXPECT_EQ(slidectl::LoadJobFile(Write("name: \"say \\\"hi\\\"\"\nname2: x\n"), &spec),
+            path + ":2: unknown field 'name2'");  // escaped quotes inside a closed value are fine
+  EXPECT_EQ(slidectl::LoadJobFile(Write("name: 'it''s'\nsteps: 2\n"), &spec), "");
+  EXPECT_EQ(spec.name(), "it's");
+}
+
+// Whatever path slidectl is given, it reads a regular file of bounded size or says in one line why not.
+TEST_F(JobFileTest, PathsThatAreNotReadableFilesGetOneLine) {
+  JobSpec spec;
+  EXPECT_EQ(slidectl::LoadJobFile(dir_.string(), &spec), dir_.string() + ": is a directory, not a job file");
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(slidectl::LoadJobFile(fifo, &spec), fifo + ": is a FIFO, not a job file");  // and does not hang
+  EXPECT_EQ(slidectl::LoadJobFile("/dev/null", &spec), "/dev/null: is a device, not a job file");
+  const std::string huge = (dir_ / "huge.yaml").string();
+  { std::ofstream(huge) << std::string(slidectl::kMaxJobFileBytes + 1, '#'); }
+  EXPECT_EQ(slidectl::LoadJobFile(huge, &spec), huge + ": is " + std::to_string(slidectl::kMaxJobFileBytes + 1) +
+                                                    " bytes; a job file is at most " +
+                                                    std::to_string(slidectl::kMaxJobFileBytes));
+  if (::geteuid() != 0) {  // root reads any file
+    const std::string locked = Write("steps: 1\n");
+    ASSERT_EQ(::chmod(locked.c_str(), 0), 0);
+    EXPECT_NE(slidectl::LoadJobFile(locked, &spec).find("cannot open job file (Permission denied)"), std::string::npos);
+  }
 }
 
 }  // namespace

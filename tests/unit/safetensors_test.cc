@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <fstream>
@@ -47,22 +48,37 @@ TEST(Safetensors, RoundTripKeepsDtypeShapeAndValues) {
   for (const auto& [name, t] : in) {
     const SafetensorsEntry* e = file->Find(name);
     ASSERT_NE(e, nullptr) << name;
-    at::Tensor v = file->View(*e);
+    at::Tensor v = testing::ValueOrDie(file->Read(*e));
     EXPECT_EQ(v.scalar_type(), t.scalar_type()) << name;
     EXPECT_TRUE(at::equal(v, t)) << name;
   }
   EXPECT_EQ(file->Find("missing"), nullptr);
 }
 
-TEST(Safetensors, ViewOutlivesTheFileObject) {
+TEST(Safetensors, ReadTensorOutlivesTheFileObject) {
   TempDir dir;
   ASSERT_OK(WriteSafetensors(dir.File("t.safetensors"), {{"x", at::arange(4, at::kFloat)}}));
   at::Tensor v;
   {
     auto file = testing::ValueOrDie(SafetensorsFile::Open(dir.File("t.safetensors")));
-    v = file->View(*file->Find("x"));
+    v = testing::ValueOrDie(file->Read(*file->Find("x")));
   }
   EXPECT_FLOAT_EQ(v[3].item<float>(), 3.0f);
+}
+
+// `cp new old` truncates the file in place while a reader has it open. A mapped reader dies of SIGBUS on the
+// missing pages (taking the daemon and every job with it); this one must fail the read with an error instead.
+TEST(Safetensors, FileTruncatedWhileOpenFailsTheReadNotTheProcess) {
+  TempDir dir;
+  const std::string path = dir.File("t.safetensors");
+  ASSERT_OK(WriteSafetensors(path, {{"a", at::arange(1 << 16, at::kFloat)}, {"b", at::ones({1 << 16})}}));
+  auto file = testing::ValueOrDie(SafetensorsFile::Open(path));
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  auto read = file->Read(*file->Find("b"));
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(read.status().message().find("tensor 'b'"), std::string::npos) << read.status().message();
+  EXPECT_NE(read.status().message().find("truncated"), std::string::npos) << read.status().message();
 }
 
 TEST(Safetensors, ReadsHuggingFaceShards) {

@@ -6,11 +6,15 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
+#include "engine/model/hf_checkpoint.h"
+#include "engine/model/safetensors.h"
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/scratch_dir.h"
@@ -101,6 +105,158 @@ TEST(TrainingJob, BadSpecsNameTheField) {
   expect([](TrainingJobSpec& s) { s.max_grad_norm = std::numeric_limits<double>::infinity(); },
          "job field 'max_grad_norm' must be a finite number");
   expect([](TrainingJobSpec& s) { s.adam_eps = std::nan(""); }, "job field 'adam_eps' must be a finite number");
+}
+
+// Sizes that would make the daemon allocate until the OOM killer ends it (batch_size 2^55), or overflow the step
+// count (epochs 2^62), are refused before anything is planned; an explicit epochs of 0 or below is an error too.
+TEST(TrainingJob, HugeOrNonPositiveSizesAreRefusedByField) {
+  testing::TempDir out;
+  auto expect = [&](auto mutate, const std::string& part) {
+    TrainingJobSpec s = DemoSpec(out);
+    mutate(s);
+    Status st = ValidateTrainingJobSpec(s);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << part;
+    ExpectContains(st.message(), part);
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int64_t batch : {int64_t{1} << 55, int64_t{1} << 62, kMax})
+    expect([&](TrainingJobSpec& s) { s.batch_size = batch, s.micro_batch_size = 0; },
+           "job field 'batch_size' must be in [1, ");
+  for (int64_t epochs : {int64_t{0}, int64_t{-2}, int64_t{1} << 62})
+    expect([&](TrainingJobSpec& s) { s.epochs = epochs; }, "job field 'epochs' must be in [1, ");
+  expect([](TrainingJobSpec& s) { s.steps = int64_t{1} << 62; }, "job field 'steps' must be in [0, ");
+  expect([](TrainingJobSpec& s) { s.seq_len = kMax; }, "job field 'seq_len' must be in [2, ");
+  expect([](TrainingJobSpec& s) { s.micro_batch_size = -8; },
+         "job field 'micro_batch_size' must be in [0, batch_size]");
+  expect([](TrainingJobSpec& s) { s.batch_size = 1 << 20, s.micro_batch_size = 1 << 20, s.seq_len = 1 << 20; },
+         "tokens per forward");
+  expect([](TrainingJobSpec& s) { s.batch_size = 1 << 20, s.micro_batch_size = 1, s.seq_len = 1 << 20; },
+         "tokens per step");
+  expect([](TrainingJobSpec& s) { s.gpu_budget_bytes = kMax; }, "job field 'gpu_budget_bytes' must be in [1, ");
+  expect([](TrainingJobSpec& s) { s.checkpoint_every = kMax; }, "job field 'checkpoint_every' must be in [0, ");
+  expect([](TrainingJobSpec& s) { s.warmup_steps = kMax; }, "job field 'warmup_steps' must be in [0, ");
+  expect([](TrainingJobSpec& s) { s.log_every = kMax; }, "job field 'log_every' must be in [1, ");
+  expect([](TrainingJobSpec& s) { s.window = kMax; }, "job field 'window' must be in [0, ");
+
+  // The largest accepted sizes plan without overflow: every number in the plan (or in its refusal) is positive.
+  TrainingJobSpec big = DemoSpec(out);
+  big.batch_size = JobSizeLimits::max_batch_size;
+  big.micro_batch_size = JobSizeLimits::max_micro_batch_tokens / 1024;
+  big.seq_len = 1024;
+  big.allow_seq_len_beyond_model = true;
+  big.gpu_budget_bytes = JobSizeLimits::max_gpu_budget_bytes;
+  ASSERT_TRUE(ValidateTrainingJobSpec(big).ok()) << ValidateTrainingJobSpec(big).ToString();
+  auto plan = PlanTrainingJob(big);
+  const std::string text = plan.ok() ? plan.value() : plan.status().message();
+  EXPECT_TRUE(plan.ok() || plan.status().code() == StatusCode::kResourceExhausted) << plan.status().ToString();
+  for (size_t at = text.find('-'); at != std::string::npos; at = text.find('-', at + 1))
+    EXPECT_FALSE(at + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[at + 1]))) << text;
+  std::printf("JOB largest accepted sizes plan:\n%s\n", text.c_str());
+}
+
+// The export must never land on the job's own inputs.
+TEST(TrainingJob, OutputDirOverlappingTheModelOrTheDataIsRefusedNamingBoth) {
+  testing::TempDir out;
+  auto expect = [&](auto mutate, const std::string& part) {
+    TrainingJobSpec s = DemoSpec(out);
+    mutate(s);
+    Status st = CheckTrainingJobOutput(s);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << part << ": " << st.ToString();
+    ExpectContains(st.message(), part);
+  };
+  expect([](TrainingJobSpec& s) { s.output_dir = s.model_dir; }, "are the same directory");
+  expect([](TrainingJobSpec& s) { s.output_dir = s.model_dir + "/sub"; }, "contain one another");
+  expect([](TrainingJobSpec& s) { s.output_dir = s.model_dir + "/.."; }, "contain one another");
+  expect([](TrainingJobSpec& s) { s.output_dir = s.model_dir + "/../"; }, "job fields 'output_dir'");
+  // Through a symlink to the model: the same directory.
+  std::filesystem::create_directory_symlink(DemoSpec(out).model_dir, out.File("alias"));
+  expect([&](TrainingJobSpec& s) { s.output_dir = out.File("alias"); }, "'model_dir' ('");
+  // The dataset's directory.
+  expect(
+      [&](TrainingJobSpec& s) {
+        std::filesystem::copy_file(s.dataset_path, out.File("data.jsonl"));
+        s.dataset_path = out.File("data.jsonl");
+        s.output_dir = out.path();
+      },
+      "the output directory is or holds the dataset's directory");
+  expect([&](TrainingJobSpec& s) { s.dataset_path = s.model_dir + "/train.jsonl"; },
+         "the dataset lies in the model directory");
+  // Apart: accepted (the output may sit beside or below the dataset's directory).
+  TrainingJobSpec ok = DemoSpec(out);
+  EXPECT_TRUE(CheckTrainingJobOutput(ok).ok()) << CheckTrainingJobOutput(ok).ToString();
+}
+
+// The output directory is opened once; swapping its path for a symlink to a directory outside the allowed roots
+// while the job runs must not move the export there.
+TEST(TrainingJob, OutputDirSwappedForASymlinkMidRunIsNotFollowed) {
+  testing::TempDir root, outside;
+  TrainingJobSpec s = DemoSpec(root);
+  s.steps = 4;
+  s.eval_fraction = 0;
+  const std::string model = root.File("model");
+  std::filesystem::copy(s.model_dir, model);
+  std::filesystem::copy_file(s.dataset_path, root.File("train.jsonl"));
+  s.model_dir = model;
+  s.dataset_path = root.File("train.jsonl");
+  s.output_dir = root.File("out");
+  s.allowed_roots = {root.path()};
+  bool swapped = false;
+  TrainingCallbacks cb;
+  cb.on_step = [&](const TrainingStepEvent& e) {
+    if (e.step != 2) return;
+    std::filesystem::rename(root.File("out"), root.File("out-moved"));
+    std::filesystem::create_directory_symlink(outside.path(), root.File("out"));
+    swapped = true;
+  };
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(s, cb, nullptr));
+  ASSERT_TRUE(swapped);
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_FALSE(std::filesystem::exists(outside.File("config.json")));
+  EXPECT_FALSE(std::filesystem::exists(outside.File("model.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(root.File("out-moved/model.safetensors")));
+}
+
+// The demo model with its weights changed by `change`, written (fp32) to `out`/`name`; its directory.
+std::string DemoModelWith(const testing::TempDir& out, const std::string& name,
+                          const std::function<void(ModelParams&)>& change) {
+  const std::string demo = DemoSpec(out).model_dir;
+  const ModelConfig cfg = testing::ValueOrDie(LoadHfConfig(demo));
+  ModelParams p = testing::ValueOrDie(LoadHfCheckpoint(demo, cfg, c10::kFloat));
+  change(p);
+  EXPECT_TRUE(ExportHfCheckpoint(out.File(name), demo, p, {.dtype = c10::kFloat}).ok());
+  return out.File(name);
+}
+
+// A model whose weights hold NaN is refused while it loads, naming the tensor; nothing is exported.
+TEST(TrainingJob, NonFiniteWeightsFailTheJobNamingTheTensor) {
+  testing::TempDir out;
+  TrainingJobSpec s = DemoSpec(out);
+  s.model_dir = DemoModelWith(out, "nan-model", [](ModelParams& p) { p.Param(1, "mlp.down_proj.weight")[0][3] = NAN; });
+  auto r = RunTrainingJob(s, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  ExpectContains(r.status().message(), "mlp.down_proj.weight' holds NaN or infinite values");
+  EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
+}
+
+// Finite weights that overflow in the forward (norm scales near float's maximum) give a non-finite loss: the job
+// fails at that step, exports nothing and writes no checkpoint after it.
+TEST(TrainingJob, NonFiniteLossFailsTheJobWithoutExporting) {
+  testing::TempDir out;
+  TrainingJobSpec s = DemoSpec(out);
+  s.model_dir = DemoModelWith(out, "hot-model", [](ModelParams& p) {
+    for (const auto& [name, view] : p.Named())
+      if (name.find("norm") != std::string::npos) view.fill_(3e38);
+  });
+  s.checkpoint_dir = out.File("ckpt");
+  s.checkpoint_every = 1;
+  int steps = 0;
+  TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent&) { ++steps; }};
+  auto r = RunTrainingJob(s, cb, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  ExpectContains(r.status().message(), "step 1 gave a non-finite");
+  EXPECT_EQ(steps, 1);
+  EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(out.File("ckpt/LATEST")));
 }
 
 TEST(TrainingJob, BadPathsAndDataFailTheJob) {
@@ -370,6 +526,46 @@ TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
   r = RunTrainingJob(spec, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "state.json' is corrupt");
+}
+
+// A checkpoint is a file like any other: a state.json that claims more steps than the job has, or tensors that
+// hold NaN, are refused before resuming rather than trained on to a SUCCEEDED job with a NaN loss.
+TEST(TrainingJob, CheckpointClaimingTooManyStepsOrHoldingNaNIsRefused) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.steps = 4;
+  spec.checkpoint_dir = out.File("ckpt");
+  std::atomic<bool> suspend{false};
+  TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
+  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend)).suspended);
+  const std::string state = out.File("ckpt/step-00000002/state.json");
+  const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
+  std::filesystem::copy_file(state, out.File("state.json.good"));
+
+  std::string text;
+  {
+    std::ifstream in(state);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("\"step\": 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::ofstream(state) << text.replace(at, 9, "\"step\": 100000");
+  auto r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  ExpectContains(r.status().message(), "claims step 100000 of 4, but this job has 4 steps");
+
+  std::filesystem::copy_file(out.File("state.json.good"), state, std::filesystem::copy_options::overwrite_existing);
+  {
+    auto file = testing::ValueOrDie(SafetensorsFile::Open(tensors));
+    NamedTensors all;
+    for (const auto& e : file->entries()) all.emplace_back(e.name, testing::ValueOrDie(file->Read(e)));
+    for (auto& [name, t] : all)
+      if (name == "exp_avg_sq.1") t[7] = std::nanf("");
+    ASSERT_TRUE(WriteSafetensors(tensors, all, {{"format", "slideformer"}}).ok());
+  }
+  r = RunTrainingJob(spec, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  ExpectContains(r.status().message(), "tensor 'exp_avg_sq.1' holds NaN or infinite values");
 }
 
 }  // namespace
