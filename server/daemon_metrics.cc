@@ -1,7 +1,5 @@
 #include "server/daemon_metrics.h"
 
-#include "engine/runtime/device_info.h"
-
 namespace slide {
 namespace {
 prometheus::Gauge* Gauge(prometheus::Registry& r, const std::string& name, const std::string& help,
@@ -14,7 +12,8 @@ prometheus::Counter* Counter(prometheus::Registry& r, const std::string& name, c
 }
 }  // namespace
 
-DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_bytes, int64_t device_total_bytes)
+DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_bytes, int64_t device_total_bytes,
+                             int64_t host_budget_bytes)
     : registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
   Gauge(r, "slide_build_info", "Build of the running daemon (value 1)", {{"version", version}})->Set(1);
@@ -63,7 +62,7 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
   auto& host = prometheus::BuildGauge().Name("slide_host_memory_bytes").Help("Host memory of the daemon").Register(r);
   host_resident_ = &host.Add({{"kind", "resident"}});
   host_pinned_ = &host.Add({{"kind", "pinned"}});
-  host.Add({{"kind", "budget"}}).Set(static_cast<double>(PhysicalHostBytes()));  // what jobs are planned against
+  host.Add({{"kind", "budget"}}).Set(static_cast<double>(host_budget_bytes));  // what jobs are planned against
   auto& jobs = prometheus::BuildGauge().Name("slide_jobs").Help("Jobs by state").Register(r);
   for (JobState s : {JobState::kQueued, JobState::kPreparing, JobState::kRunning, JobState::kSucceeded,
                      JobState::kFailed, JobState::kCancelled})

@@ -19,7 +19,9 @@ namespace slide {
 
 class DaemonMetrics final : public JobObserver {
  public:
-  DaemonMetrics(const std::string& version, int64_t gpu_budget_bytes, int64_t device_total_bytes);
+  // host_budget_bytes: the host memory jobs are planned against (EngineDescription::host_budget_bytes).
+  DaemonMetrics(const std::string& version, int64_t gpu_budget_bytes, int64_t device_total_bytes,
+                int64_t host_budget_bytes);
 
   // Binds the /metrics endpoint; returns the bound port (listen "HOST:0" picks one).
   StatusOr<int> Serve(const std::string& listen);

@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/common/files.h"
 #include "engine/common/thread_name.h"
 #include "engine/common/utf8.h"
-#include "engine/runtime/training_checkpoint.h"
 #include "server/log.h"
 
 namespace slide {
@@ -56,65 +54,67 @@ Status ValidateJobName(const std::string& name) {
   return Status::Ok();
 }
 
-TrainingJobSpec JobManager::Confined(TrainingJobSpec spec) const {
-  spec.allowed_roots = options_.allowed_roots;  // the daemon's roots now, never a stored copy
-  spec.nvme = options_.nvme;                    // likewise the tier's directories
-  return spec;
+JobEnvironment JobManager::EnvironmentOf(const std::string& id) const {
+  JobEnvironment env;
+  env.allowed_roots = options_.allowed_roots;  // the daemon's settings now, never a stored copy
+  env.nvme = options_.nvme;
+  if (options_.store != nullptr && !id.empty()) {
+    env.checkpoint_dir = options_.store->CheckpointDir(id);
+    env.default_checkpoint_every = options_.default_checkpoint_every;
+  }
+  return env;
 }
 
 JobManager::JobManager(JobManagerOptions options, std::vector<std::string>* problems) : options_(options) {
-  if (options_.store != nullptr) {
-    std::vector<std::string> bad;
-    for (StoredJob& stored : options_.store->LoadAll(options_.max_events_per_job, &bad)) {
-      auto job = std::make_unique<Job>();
-      job->record = std::move(stored.record);
-      job->events.assign(stored.events.begin(), stored.events.end());
-      job->next_seq = job->events.empty() ? 1 : job->events.back().seq + 1;
-      const std::string id = job->record.id;
-      if (!IsFinal(job->record.state)) {
-        // The work after the last checkpoint is lost: progress goes back to the checkpoint, and the steps run
-        // again are marked replayed for watchers.
-        auto checkpoint = ReadCheckpointInfo(job->record.spec.checkpoint_dir);
-        const int64_t resume_step = checkpoint.ok() && checkpoint.value() ? checkpoint.value()->step : 0;
-        const bool was_running = job->record.state != JobState::kQueued;  // not stopped by a clean shutdown
-        if (was_running && !MayResumeAfterCrash(*job, resume_step)) {
-          order_.push_back(id);
-          jobs_[id] = std::move(job);
-          continue;
-        }
-        // The furthest step ever reported (a second crash during the replay must not forget the first one's).
-        for (const auto& ev : job->events)
-          if (ev.kind == JobEventRecord::Kind::kMetrics)
-            job->replay_until = std::max(job->replay_until, ev.metrics.step);
-        job->record.step = resume_step;
-        JobEventRecord e;
-        e.log = "daemon restarted: queued again; " +
-                (!checkpoint.ok()  ? "its checkpoint is unreadable (" + checkpoint.status().message() + ")"
-                 : resume_step > 0 ? "resumes from the checkpoint at step " + std::to_string(resume_step)
-                                   : std::string("resumes from the start"));
-        if (job->replay_until > resume_step)
-          e.log += "; steps " + std::to_string(resume_step + 1) + ".." + std::to_string(job->replay_until) +
-                   " run again and are marked replayed";
-        AddEvent(*job, e);
-        if (job->record.state != JobState::kQueued) SetState(*job, JobState::kQueued);
-        queue_.push_back(id);
-      }
-      order_.push_back(id);
-      jobs_[id] = std::move(job);
-    }
-    // Every job directory's id, readable or not, stays taken.
-    next_id_ = options_.store->HighestJobNumber() + 1;
-    if (problems != nullptr) *problems = std::move(bad);
-    PublishCounts();
-  }
+  if (options_.store != nullptr) LoadStoredJobs(problems);
   engine_ = std::thread([this] { EngineLoop(); });
+}
+
+void JobManager::LoadStoredJobs(std::vector<std::string>* problems) {
+  std::vector<std::string> bad;
+  std::lock_guard<std::mutex> lock(mu_);  // no other thread yet; the helpers expect it held
+  for (StoredJob& stored : options_.store->LoadAll(options_.max_events_per_job, &bad)) {
+    auto job = std::make_unique<Job>();
+    job->record = std::move(stored.record);
+    job->events.assign(stored.events.begin(), stored.events.end());
+    job->next_seq = job->events.empty() ? 1 : job->events.back().seq + 1;
+    const std::string id = job->record.id;
+    order_.push_back(id);
+    Job& j = *(jobs_[id] = std::move(job));
+    if (IsFinal(j.record.state)) continue;
+    // The work after the last checkpoint is lost: progress goes back to the checkpoint, and the steps run again
+    // are marked replayed for watchers.
+    auto checkpoint = options_.engine->ResumeStep(options_.store->CheckpointDir(id));
+    const int64_t resume_step = checkpoint.ok() ? checkpoint.value() : 0;
+    const bool was_running = j.record.state != JobState::kQueued;  // not stopped by a clean shutdown
+    if (was_running && !MayResumeAfterCrash(j, resume_step)) continue;
+    // The furthest step ever reported (a second crash during the replay must not forget the first one's).
+    for (const auto& ev : j.events)
+      if (ev.kind == JobEventRecord::Kind::kMetrics) j.replay_until = std::max(j.replay_until, ev.metrics.step);
+    j.record.step = resume_step;
+    JobEventRecord e;
+    e.log = "daemon restarted: queued again; " +
+            (!checkpoint.ok()  ? "its checkpoint is unreadable (" + checkpoint.status().message() + ")"
+             : resume_step > 0 ? "resumes from the checkpoint at step " + std::to_string(resume_step)
+                               : std::string("resumes from the start"));
+    if (j.replay_until > resume_step)
+      e.log += "; steps " + std::to_string(resume_step + 1) + ".." + std::to_string(j.replay_until) +
+               " run again and are marked replayed";
+    AddEvent(j, e);
+    if (j.record.state != JobState::kQueued) SetState(j, JobState::kQueued);  // also persists the run count
+    queue_.push_back(id);
+  }
+  // Every job directory's id, readable or not, stays taken.
+  next_id_ = options_.store->HighestJobNumber() + 1;
+  if (problems != nullptr) *problems = std::move(bad);
+  PublishCounts();
 }
 
 bool JobManager::MayResumeAfterCrash(Job& job, int64_t resume_step) {
   JobRecord& r = job.record;
   r.interrupted_runs = resume_step > r.interrupted_at_step || r.interrupted_runs == 0 ? 1 : r.interrupted_runs + 1;
   r.interrupted_at_step = resume_step;
-  if (r.interrupted_runs <= options_.max_interrupted_runs) return true;  // persisted as the job is queued again
+  if (r.interrupted_runs <= options_.max_interrupted_runs) return true;
   r.error = "the daemon stopped while running this job " + std::to_string(r.interrupted_runs) +
             " times in a row without a new checkpoint (last from step " + std::to_string(resume_step) +
             "); failed instead of resumed again (jobs.max_interrupted_runs is " +
@@ -123,13 +123,13 @@ bool JobManager::MayResumeAfterCrash(Job& job, int64_t resume_step) {
   JobEventRecord e;
   e.log = "error: " + r.error;
   AddEvent(job, e);
-  auto failed = Finalized(job, JobState::kFailed);
+  auto failed = WriteFinal(r, JobState::kFailed);  // only the constructor's thread runs: safe under mu_
   if (!failed.ok()) {  // not written: it stays unfinished on disk and is judged again at the next start
     LogError(failed.status().ToString());
-    failed = r;
-    failed->state = JobState::kFailed;
+    r.state = JobState::kFailed;
+  } else {
+    r = std::move(failed).value();
   }
-  r = std::move(failed).value();
   Announce(job, JobState::kFailed);
   return false;
 }
@@ -139,24 +139,22 @@ JobManager::~JobManager() { Shutdown(); }
 void JobManager::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;
-    stop_ = true;
-    if (!running_.empty()) {
-      if (options_.store != nullptr) {
-        jobs_[running_]->suspend = true;
-      } else {
-        jobs_[running_]->cancel = true;
-      }
+    if (!stop_) {
+      stop_ = true;
+      if (!running_.empty()) (options_.store != nullptr ? jobs_[running_]->suspend : jobs_[running_]->cancel) = true;
     }
   }
   cv_.notify_all();
   if (engine_.joinable()) engine_.join();
+  writer_.Drain();
 }
 
 void JobManager::Persist(const Job& job) {
   if (options_.store == nullptr) return;
-  Status st = options_.store->SaveRecord(job.record);
-  if (!st.ok()) LogError(st.ToString());
+  JobStore* store = options_.store;
+  writer_.Post([store, record = job.record] {
+    if (Status st = store->SaveRecord(record); !st.ok()) LogError(st.ToString());
+  });
 }
 
 void JobManager::AddEvent(Job& job, JobEventRecord e) {
@@ -165,8 +163,10 @@ void JobManager::AddEvent(Job& job, JobEventRecord e) {
   // sequences become U+FFFD here, once, and memory, disk and clients all hold the same text.
   e.log = Utf8Lossy(e.log);
   if (options_.store != nullptr) {
-    Status st = options_.store->AppendEvent(job.record.id, e);
-    if (!st.ok()) LogError(st.ToString());
+    JobStore* store = options_.store;
+    writer_.Post([store, id = job.record.id, e] {
+      if (Status st = store->AppendEvent(id, e); !st.ok()) LogError(st.ToString());
+    });
   }
   if (!e.log.empty() && LogEnabled(LogLevel::kDebug)) Log(LogLevel::kDebug, "job " + job.record.id + ": " + e.log);
   job.events.push_back(std::move(e));
@@ -202,17 +202,22 @@ void JobManager::Announce(Job& job, JobState s) {
   }
 }
 
-StatusOr<JobRecord> JobManager::Finalized(const Job& job, JobState s) const {
-  JobRecord final_record = job.record;
-  final_record.state = s;
-  final_record.finished_unix_ms = NowMs();
-  if (options_.store != nullptr) SLIDE_RETURN_IF_ERROR(options_.store->SaveFinalRecord(final_record));
-  return final_record;
+StatusOr<JobRecord> JobManager::WriteFinal(JobRecord record, JobState s) {
+  record.state = s;
+  record.finished_unix_ms = NowMs();
+  if (options_.store != nullptr) {
+    JobStore* store = options_.store;
+    SLIDE_RETURN_IF_ERROR(writer_.Run([store, &record] { return store->SaveFinalRecord(record); }));
+  }
+  return record;
 }
 
 void JobManager::FinishJob(Job& job, JobState s, std::unique_lock<std::mutex>& lock) {
   for (int attempt = 0;; ++attempt) {
-    auto done = Finalized(job, s);
+    const JobRecord current = job.record;
+    lock.unlock();
+    auto done = WriteFinal(current, s);
+    lock.lock();
     if (done.ok()) {
       job.record = std::move(done).value();  // durable now: memory, watchers and metrics may see the end
       Announce(job, s);
@@ -235,41 +240,49 @@ StatusOr<JobRecord> JobManager::Submit(const std::string& name, const TrainingJo
   SLIDE_RETURN_IF_ERROR(ValidateJobName(name));
   // Validates the spec and its paths, then refuses what cannot fit now, with the numbers, rather than when the
   // job reaches the engine.
-  SLIDE_ASSIGN_OR_RETURN(std::string plan, PlanTrainingJob(Confined(spec)));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
-  char id[32];
+  SLIDE_ASSIGN_OR_RETURN(std::string plan, options_.engine->Plan(spec, EnvironmentOf("")));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");
+  }
+  // The id and the record are made on disk before the job exists in memory: an acknowledged job survives a crash.
+  std::lock_guard<std::mutex> submitting(submit_mu_);
+  auto job = std::make_unique<Job>();
+  JobRecord& r = job->record;
   while (true) {
     if (next_id_ > kMaxJobNumber)
       return ResourceExhausted("no job ids left (the last is job-" + std::to_string(kMaxJobNumber) + ")");
+    char id[32];
     std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(next_id_++));
-    if (jobs_.count(id) != 0) continue;
-    // The directory is made exclusively: one that exists (a stray copy, an earlier daemon's) keeps its id.
+    r.id = id;
     if (options_.store == nullptr) break;
-    Status made = options_.store->CreateJobDir(id);
+    JobStore* store = options_.store;
+    // The directory is made exclusively: one that exists (a stray copy, an earlier daemon's) keeps its id.
+    const Status made = writer_.Run([store, &r] { return store->CreateJobDir(r.id); });
     if (made.ok()) break;
-    if (!PathExists(options_.store->dir() + "/jobs/" + id)) return made;  // not a taken id: the disk refused
+    if (made.message().find("already exists") == std::string::npos) return made;  // the disk refused
   }
-  auto job = std::make_unique<Job>();
-  job->record.id = id;
-  job->record.name = name;
-  job->record.spec = spec;
-  job->record.created_unix_ms = NowMs();
+  r.name = name;
+  r.spec = spec;
+  r.created_unix_ms = NowMs();
+  r.state = JobState::kQueued;
   if (options_.store != nullptr) {
-    job->record.spec.checkpoint_dir = options_.store->CheckpointDir(id);
-    if (job->record.spec.checkpoint_every == 0) job->record.spec.checkpoint_every = options_.default_checkpoint_every;
+    JobStore* store = options_.store;
+    const Status saved = writer_.Run([store, &r] { return store->SaveRecord(r); });
+    if (!saved.ok()) return Status(StatusCode::kUnavailable, "cannot record the job: " + saved.message());
   }
-  SetState(*job, JobState::kQueued);
-  JobEventRecord planned;
-  planned.log = "memory plan at submission:\n" + plan;
-  AddEvent(*job, planned);
-  JobRecord copy = job->record;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return Status(StatusCode::kUnavailable, "the daemon is shutting down");  // its record stays queued
+  const std::string id = r.id;
   order_.push_back(id);
   queue_.push_back(id);
-  jobs_[id] = std::move(job);
-  PublishCounts();
+  Job& j = *(jobs_[id] = std::move(job));
+  Announce(j, JobState::kQueued);
+  JobEventRecord planned;
+  planned.log = "memory plan at submission:\n" + plan;
+  AddEvent(j, planned);
   cv_.notify_all();
-  return copy;
+  return j.record;
 }
 
 StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
@@ -290,16 +303,27 @@ std::vector<JobRecord> JobManager::List(std::optional<JobState> state) const {
 }
 
 StatusOr<JobRecord> JobManager::Cancel(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("no job " + QuoteInput(id));
   Job& job = *it->second;
-  if (job.record.state == JobState::kQueued) {
-    // On disk first: a cancellation the store did not take would be undone by the next start.
-    auto cancelled = Finalized(job, JobState::kCancelled);
-    if (!cancelled.ok())
+  if (job.record.state == JobState::kQueued && !job.finishing) {
+    // Out of the queue first (the engine thread must not start it meanwhile), then on disk, then in memory: a
+    // cancellation the store did not take would be undone by the next start.
+    const auto at = std::find(queue_.begin(), queue_.end(), id);
+    const size_t position = static_cast<size_t>(at - queue_.begin());
+    if (at != queue_.end()) queue_.erase(at);
+    job.finishing = true;
+    const JobRecord current = job.record;
+    lock.unlock();
+    auto cancelled = WriteFinal(current, JobState::kCancelled);
+    lock.lock();
+    job.finishing = false;
+    if (!cancelled.ok()) {
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(std::min(position, queue_.size())), id);
+      cv_.notify_all();
       return Status(StatusCode::kUnavailable, "cannot record the cancellation: " + cancelled.status().message());
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    }
     job.record = std::move(cancelled).value();
     Announce(job, JobState::kCancelled);
   } else if (!IsFinal(job.record.state)) {
@@ -375,7 +399,8 @@ void JobManager::EngineLoop() {
       e.replayed = s.step <= job->replay_until;
       AddEvent(*job, e);
     };
-    auto result = RunTrainingJob(Confined(job->record.spec), cb, &job->cancel, &job->suspend);
+    auto result =
+        options_.engine->Run(job->record.spec, EnvironmentOf(job->record.id), cb, &job->cancel, &job->suspend);
     std::unique_lock<std::mutex> lock(mu_);
     if (result.ok() && result->suspended) {
       JobEventRecord e;
@@ -387,8 +412,13 @@ void JobManager::EngineLoop() {
       job->record.eval_loss = result->eval_loss;
       job->record.export_dir = result->export_dir;
       FinishJob(*job, JobState::kSucceeded, lock);  // durable first: a crash now must not train the job again
-      if (IsFinal(job->record.state) && !job->record.spec.checkpoint_dir.empty())
-        (void)RemoveTree(job->record.spec.checkpoint_dir);
+      if (IsFinal(job->record.state) && options_.store != nullptr) {
+        // Up to 12 bytes per parameter: removed on the store's thread, while the table stays readable.
+        JobStore* store = options_.store;
+        writer_.Post([store, id = job->record.id] {
+          if (Status st = store->RemoveCheckpoints(id); !st.ok()) LogError(st.ToString());
+        });
+      }
     } else if (result.status().code() == StatusCode::kCancelled) {
       job->record.error = Utf8Lossy(result.status().message());
       FinishJob(*job, JobState::kCancelled, lock);

@@ -88,11 +88,11 @@ int64_t JobNumber(const std::string& name) {
 }
 }  // namespace
 
-JobStore::~JobStore() {
+DirectoryJobStore::~DirectoryJobStore() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
 }
 
-Status JobStore::Init() {
+Status DirectoryJobStore::Init() {
   SLIDE_RETURN_IF_ERROR(MakeDirs(dir_ + "/jobs"));
   // Records quote job specs (paths, names): the directory is the daemon user's alone.
   (void)::chmod(dir_.c_str(), 0700);
@@ -122,7 +122,7 @@ Status JobStore::Init() {
   return Status::Ok();
 }
 
-void JobStore::KeepReserve() {
+void DirectoryJobStore::KeepReserve() {
   const std::string path = dir_ + "/reserve";
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && st.st_size >= kReserveBytes) return;
@@ -138,7 +138,7 @@ void JobStore::KeepReserve() {
   }
 }
 
-Status JobStore::CreateJobDir(const std::string& id) {
+Status DirectoryJobStore::CreateJobDir(const std::string& id) {
   if (::mkdir(JobDir(id).c_str(), 0700) != 0) {
     if (errno == EEXIST) return FailedPrecondition("job directory '" + JobDir(id) + "' already exists");
     return FailedPrecondition("cannot create '" + JobDir(id) + "': " + std::strerror(errno));
@@ -146,7 +146,7 @@ Status JobStore::CreateJobDir(const std::string& id) {
   return Status::Ok();
 }
 
-Status JobStore::SaveRecord(const JobRecord& record) {
+Status DirectoryJobStore::SaveRecord(const JobRecord& record) {
   SLIDE_RETURN_IF_ERROR(MakeDirs(JobDir(record.id)));
   v1::Job job;
   JobToProto(record, &job);
@@ -154,7 +154,7 @@ Status JobStore::SaveRecord(const JobRecord& record) {
   return WriteFileAtomic(JobDir(record.id) + "/record.json", text);
 }
 
-Status JobStore::SaveFinalRecord(const JobRecord& record) {
+Status DirectoryJobStore::SaveFinalRecord(const JobRecord& record) {
   Status st = SaveRecord(record);
   if (st.ok()) return st;
   // Most likely a full disk: give up the reserve and try once more.
@@ -167,7 +167,7 @@ Status JobStore::SaveFinalRecord(const JobRecord& record) {
   return st;
 }
 
-Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event) {
+Status DirectoryJobStore::AppendEvent(const std::string& id, const JobEventRecord& event) {
   const std::string path = JobDir(id) + "/events.jsonl";
   v1::JobEvent proto;
   EventToProto(event, &proto);
@@ -184,7 +184,7 @@ Status JobStore::AppendEvent(const std::string& id, const JobEventRecord& event)
 
 // kill -9 during an append can leave the last line without its newline: cut it off, so the next append does not
 // continue it.
-void JobStore::TrimTornLastLine(const std::string& path) {
+void DirectoryJobStore::TrimTornLastLine(const std::string& path) {
   auto text = ReadFileToString(path);
   if (!text.ok() || text.value().empty() || text.value().back() == '\n') return;
   const size_t keep = text.value().find_last_of('\n');
@@ -192,7 +192,9 @@ void JobStore::TrimTornLastLine(const std::string& path) {
     LogError("cannot trim '" + path + "': " + std::strerror(errno));
 }
 
-int64_t JobStore::HighestJobNumber() const {
+Status DirectoryJobStore::RemoveCheckpoints(const std::string& id) { return RemoveTree(CheckpointDir(id)); }
+
+int64_t DirectoryJobStore::HighestJobNumber() const {
   int64_t highest = 0;
   if (DIR* d = ::opendir((dir_ + "/jobs").c_str())) {
     while (const dirent* e = ::readdir(d)) highest = std::max(highest, JobNumber(e->d_name));
@@ -201,7 +203,7 @@ int64_t JobStore::HighestJobNumber() const {
   return highest;
 }
 
-std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::string>* problems) const {
+std::vector<StoredJob> DirectoryJobStore::LoadAll(size_t max_events, std::vector<std::string>* problems) const {
   std::vector<std::string> ids;
   if (DIR* d = ::opendir((dir_ + "/jobs").c_str())) {
     while (const dirent* e = ::readdir(d)) {
@@ -229,7 +231,6 @@ std::vector<StoredJob> JobStore::LoadAll(size_t max_events, std::vector<std::str
       continue;
     }
     job.record = std::move(r).value();
-    job.record.spec.checkpoint_dir = CheckpointDir(id);  // not stored: it follows the state directory
     if (job.record.id != id) {
       problems->push_back(record_path + ": holds job '" + job.record.id + "'");
       continue;

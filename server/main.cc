@@ -16,8 +16,7 @@
 #include <thread>
 
 #include "engine/common/files.h"
-#include "engine/io/nvme_store.h"
-#include "engine/runtime/device_info.h"
+#include "engine/engine.h"
 #include "server/daemon_config.h"
 #include "server/daemon_metrics.h"
 #include "server/job_store.h"
@@ -101,7 +100,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // Every thread started from here on inherits the mask, so only the waiter below sees SIGTERM/SIGINT.
   // The state directory first: its lock decides whether this daemon may run at all.
-  slide::JobStore store(config.state_dir);
+  slide::DirectoryJobStore store(config.state_dir);
   if (slide::Status st = store.Init(); !st.ok()) return Fail("state directory: " + st.message());
   auto generated = slide::EnsureTcpToken(&config);
   if (!generated.ok()) return Fail("security: " + generated.status().message());
@@ -109,8 +108,9 @@ int main(int argc, char** argv) {
     slide::LogInfo("listening on TCP without a configured token: generated one into " + config.state_dir + "/" +
                    slide::kGeneratedTokenName + " (slidectl run as this user reads it)");
 
-  const slide::DeviceInfo device = slide::DescribeDevice();
-  slide::DaemonMetrics metrics("0.1.0", config.gpu_budget_bytes, device.total_bytes);
+  const std::unique_ptr<slide::Engine> engine = slide::MakeLocalEngine();
+  const slide::EngineDescription machine = engine->Describe();
+  slide::DaemonMetrics metrics("0.1.0", config.gpu_budget_bytes, machine.device_total_bytes, machine.host_budget_bytes);
   int metrics_port = 0;
   if (!config.metrics_listen.empty()) {
     auto port = metrics.Serve(config.metrics_listen);
@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
   }
 
   slide::JobManagerOptions jm;
+  jm.engine = engine.get();
   jm.max_events_per_job = static_cast<size_t>(config.max_events_per_job);
   jm.store = &store;
   jm.default_checkpoint_every = config.checkpoint_every;
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
   jm.nvme.chunk_bytes = static_cast<size_t>(config.nvme_chunk_bytes);
   jm.nvme.buffers = static_cast<int>(config.nvme_buffers);
   for (const auto& dir : config.nvme_dirs)  // a daemon killed mid-job leaves its jobs' tier files behind
-    if (const int n = slide::RemoveStaleStoreFiles(dir); n > 0)
+    if (const int n = engine->RemoveStaleTierFiles(dir); n > 0)
       slide::LogWarning("removed " + std::to_string(n) + " NVMe tier file(s) an earlier run left in " + dir);
   std::vector<std::string> problems;
   slide::JobManager jobs(jm, &problems);
@@ -143,8 +144,7 @@ int main(int argc, char** argv) {
   so.token = config.token;
   so.gpu_budget_bytes = config.gpu_budget_bytes;
   so.state_dir = config.state_dir;
-  so.device = device;
-  slide::SlideService service(jobs, so);
+  slide::SlideService service(jobs, *engine, so);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
                  (on_socket ? std::string(" (owner-only socket") : " (port " + std::to_string(port)) +
                  (config.tls_cert_file.empty() ? "" : ", TLS") + (config.token.empty() ? "" : ", bearer token") +
                  "), metrics on " + (config.metrics_listen.empty() ? "off" : "port " + std::to_string(metrics_port)) +
-                 ", state in " + config.state_dir + ", device " + device.description);
+                 ", state in " + config.state_dir + ", device " + machine.device);
 
   std::thread waiter([&] {
     int sig = 0;

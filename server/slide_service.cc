@@ -2,7 +2,6 @@
 
 #include <cctype>
 
-#include "engine/runtime/device_info.h"
 #include "server/job_proto.h"
 
 namespace slide {
@@ -148,15 +147,15 @@ grpc::Status SlideService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJob
 grpc::Status SlideService::GetServerStatus(grpc::ServerContext* ctx, const v1::GetServerStatusRequest*,
                                            v1::ServerStatus* resp) {
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return auth;
+  const EngineDescription machine = engine_.Describe();
   resp->set_version(options_.version);
-  resp->set_device(options_.device.description);
-  resp->set_device_memory_bytes(options_.device.total_bytes);
+  resp->set_device(machine.device);
+  resp->set_device_memory_bytes(machine.device_total_bytes);
   resp->set_queued_jobs(jobs_.queued());
   resp->set_running_job(jobs_.running());
   resp->set_draining(draining_);
-  const DeviceAllocatorStats alloc = ReadDeviceAllocatorStats();
-  resp->set_device_reserved_bytes(alloc.reserved_bytes);
-  resp->set_host_resident_bytes(ResidentHostBytes());
+  resp->set_device_reserved_bytes(machine.device_reserved_bytes);
+  resp->set_host_resident_bytes(machine.host_resident_bytes);
   resp->set_gpu_budget_bytes(options_.gpu_budget_bytes);
   resp->set_state_dir(options_.state_dir);
   resp->set_jobs_total(jobs_.total());

@@ -1,5 +1,5 @@
 // The gRPC service: converts slide.v1 messages to engine structs and back (job_proto.h), maps Status to gRPC
-// codes, and never touches the engine itself (JobManager owns it).
+// codes, and never runs the engine itself (JobManager owns that); it only asks it to describe the machine.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/device_info.h"
+#include "engine/engine.h"
 #include "server/job_manager.h"
 #include "slide/v1/slide.grpc.pb.h"
 
@@ -20,13 +20,14 @@ struct ServiceOptions {
   std::string token;                      // when set, every call must carry "authorization: Bearer <token>"
   int64_t gpu_budget_bytes = 24ll << 30;  // for jobs that leave it at 0
   std::string state_dir;                  // reported by GetServerStatus
-  DeviceInfo device;                      // reported by GetServerStatus
   std::string version = "0.1.0";
 };
 
 class SlideService final : public v1::Slide::Service {
  public:
-  SlideService(JobManager& jobs, ServiceOptions options) : jobs_(jobs), options_(std::move(options)) {}
+  // `engine` answers GetServerStatus's questions about the machine.
+  SlideService(JobManager& jobs, Engine& engine, ServiceOptions options)
+      : jobs_(jobs), engine_(engine), options_(std::move(options)) {}
   void SetDraining() { draining_ = true; }
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
@@ -40,6 +41,7 @@ class SlideService final : public v1::Slide::Service {
   grpc::Status Authorize(grpc::ServerContext* ctx) const;
 
   JobManager& jobs_;
+  Engine& engine_;
   ServiceOptions options_;
   std::atomic<bool> draining_{false};
 };

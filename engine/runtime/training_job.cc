@@ -54,8 +54,8 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
 }
 
 // The daemon's tier settings with the job's mode (validated before this is called).
-StateTierOptions TierOptions(const TrainingJobSpec& spec) {
-  StateTierOptions o = spec.nvme;
+StateTierOptions TierOptions(const TrainingJobSpec& spec, const JobEnvironment& env) {
+  StateTierOptions o = env.nvme;
   o.mode = spec.nvme_state;
   o.layers = spec.nvme_layers;
   return o;
@@ -65,10 +65,10 @@ c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda);
 
 // GPU jobs in bf16 with their optimizer state in host memory update a share of their layers on the GPU.
 bool StreamsUpdates(const TrainingJobSpec& spec, bool cuda) {
-  return cuda && ComputeDtype(spec, cuda) == c10::kBFloat16 && TierOptions(spec).mode == TierMode::kNone;
+  return cuda && ComputeDtype(spec, cuda) == c10::kBFloat16 && spec.nvme_state == TierMode::kNone;
 }
 
-PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
+PlanRequest MakePlanRequest(const TrainingJobSpec& spec, const JobEnvironment& env, bool cuda) {
   const int64_t micro = MicroBatchSize(spec);
   PlanRequest r;
   r.micro_batch = micro;
@@ -79,7 +79,7 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   r.window = spec.window;
   r.checkpoints = spec.activation_placement;
   if (!cuda) r.device_reserved_bytes = 0;
-  const StateTierOptions tier = TierOptions(spec);
+  const StateTierOptions tier = TierOptions(spec, env);
   r.moments_on_nvme = tier.mode != TierMode::kNone;
   r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
   r.nvme_ring_bytes = StateTierRingBytes(tier);
@@ -96,19 +96,34 @@ PlanRequest MakePlanRequest(const TrainingJobSpec& spec, bool cuda) {
   return r;
 }
 
-SlidingOptions JobSlidingOptions(const TrainingJobSpec& spec, const TrainerOptions& train) {
+SlidingOptions JobSlidingOptions(const TrainingJobSpec& spec, const JobEnvironment& env, const TrainerOptions& train) {
   SlidingOptions o;
   o.train = train;
-  o.nvme = TierOptions(spec);
+  o.nvme = TierOptions(spec, env);
   if (StreamsUpdates(spec, train.device.is_cuda())) o.device_update_share = kDefaultDeviceUpdateShare;
   return o;
 }
 
 // The roots the job's file reads are confined to: the allowed roots plus the daemon's own checkpoint directory.
-std::vector<std::string> ConfinementRoots(const TrainingJobSpec& spec) {
-  std::vector<std::string> roots = spec.allowed_roots;
-  if (!roots.empty() && !spec.checkpoint_dir.empty()) roots.push_back(spec.checkpoint_dir);
+std::vector<std::string> ConfinementRoots(const JobEnvironment& env) {
+  std::vector<std::string> roots = env.allowed_roots;
+  if (!roots.empty() && !env.checkpoint_dir.empty()) roots.push_back(env.checkpoint_dir);
   return roots;
+}
+
+// What the spec asks of the daemon's environment: the NVMe tier needs its directories.
+Status CheckEnvironment(const TrainingJobSpec& spec, const JobEnvironment& env) {
+  if (spec.nvme_state != TierMode::kNone && env.nvme.io.dirs.empty())
+    return FailedPrecondition(std::string("job field 'nvme_state' is '") + TierModeName(spec.nvme_state) +
+                              "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");
+  return Status::Ok();
+}
+
+// Everything checked before a job plans or runs: the spec's ranges, the environment it needs, its paths.
+Status CheckJob(const TrainingJobSpec& spec, const JobEnvironment& env) {
+  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
+  SLIDE_RETURN_IF_ERROR(CheckEnvironment(spec, env));
+  return CheckTrainingJobPaths(spec, env.allowed_roots);
 }
 
 // The job's fields that depend on the model: its layer count (nvme_layers) and its context (seq_len).
@@ -184,10 +199,9 @@ std::vector<MicroBatch> HeldOutBatches(const Dataset& ds, int64_t micro) {
 
 }  // namespace
 
-StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
-  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
-  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
-  ScopedFileConfinement confine(ConfinementRoots(spec));
+StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvironment& env) {
+  SLIDE_RETURN_IF_ERROR(CheckJob(spec, env));
+  ScopedFileConfinement confine(ConfinementRoots(env));
   try {
     const bool cuda = UsesCuda(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
@@ -200,8 +214,8 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
     o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
     const int64_t micro = MicroBatchSize(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
-    SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), JobSlidingOptions(spec, o),
-                                                                MakePlanRequest(spec, cuda)));
+    SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), JobSlidingOptions(spec, env, o),
+                                                                MakePlanRequest(spec, env, cuda)));
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
   } catch (const c10::Error& e) {
     return Internal(e.what_without_backtrace());
@@ -210,11 +224,10 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec) {
   }
 }
 
-StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
-  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
-  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvironment& env) {
+  SLIDE_RETURN_IF_ERROR(CheckJob(spec, env));
   SLIDE_RETURN_IF_ERROR(CheckTrainingJobOutput(spec));
-  ScopedFileConfinement confine(ConfinementRoots(spec));
+  ScopedFileConfinement confine(ConfinementRoots(env));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
   SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec, cfg));
   // The config's dimensions against the weights' own headers (no data read): a config.json that claims more than
@@ -223,7 +236,7 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec) {
   const bool cuda = UsesCuda(spec);
   TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
   o.compute_dtype = ComputeDtype(spec, cuda);
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, SlidingTrainer::Plan(cfg, o, MakePlanRequest(spec, cuda)));
+  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, SlidingTrainer::Plan(cfg, o, MakePlanRequest(spec, env, cuda)));
   return plan.ToString();
 }
 
@@ -268,14 +281,12 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(InRange(s.gpu_budget_bytes, 1, lim.max_gpu_budget_bytes, "gpu_budget_bytes"));
   SLIDE_RETURN_IF_ERROR(InRange(s.window, 0, lim.max_layers, "window", "(0 = chosen by the planner)"));
   SLIDE_RETURN_IF_ERROR(InRange(s.log_every, 1, lim.max_steps, "log_every"));
-  SLIDE_RETURN_IF_ERROR(InRange(s.checkpoint_every, 0, lim.max_steps, "checkpoint_every", "(0 = only on shutdown)"));
+  SLIDE_RETURN_IF_ERROR(
+      InRange(s.checkpoint_every, 0, lim.max_steps, "checkpoint_every", "(0 = the daemon's default)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers >= -1 && s.nvme_layers <= lim.max_layers, "nvme_layers",
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
-  if (s.nvme_state != TierMode::kNone && s.nvme.io.dirs.empty())
-    return FailedPrecondition(std::string("job field 'nvme_state' is '") + TierModeName(s.nvme_state) +
-                              "', but this daemon has no NVMe tier (its config's nvme.dirs is empty)");
   return Status::Ok();
 }
 
@@ -313,11 +324,11 @@ Status CheckTrainingJobOutput(const TrainingJobSpec& s) {
   return Status::Ok();
 }
 
-Status CheckTrainingJobPaths(const TrainingJobSpec& s) {
+Status CheckTrainingJobPaths(const TrainingJobSpec& s, const std::vector<std::string>& allowed_roots) {
   for (const auto& [field, path] : {std::pair<const char*, const std::string&>{"model_dir", s.model_dir},
                                     {"dataset", s.dataset_path},
                                     {"output_dir", s.output_dir}})
-    SLIDE_RETURN_IF_ERROR(CheckJobPath(field, path, s.allowed_roots));
+    SLIDE_RETURN_IF_ERROR(CheckJobPath(field, path, allowed_roots));
   struct stat st {};
   // A dataset that is not there yet fails when the job opens it; one that is not a regular file never works.
   if (Status dataset = CheckRegularFile(s.dataset_path); !dataset.ok() && dataset.code() != StatusCode::kNotFound)
@@ -326,7 +337,7 @@ Status CheckTrainingJobPaths(const TrainingJobSpec& s) {
   for (const std::string& name : CompanionFilesCopiedOnExport()) {
     const std::string path = s.model_dir + "/" + name;
     if (::lstat(path.c_str(), &st) != 0) continue;
-    SLIDE_RETURN_IF_ERROR(CheckJobPath("model_dir", path, s.allowed_roots));
+    SLIDE_RETURN_IF_ERROR(CheckJobPath("model_dir", path, allowed_roots));
     if (Status file = CheckRegularFile(path); !file.ok() && file.code() != StatusCode::kNotFound)
       return file.WithContext("job field 'model_dir'");
   }
@@ -342,9 +353,15 @@ namespace {
 // job's file confinement and turns LibTorch's exceptions into statuses.
 class TrainingRun {
  public:
-  TrainingRun(const TrainingJobSpec& spec, const OutputDirectory& output, const TrainingCallbacks& cb,
-              const std::atomic<bool>* cancel, const std::atomic<bool>* suspend)
-      : spec_(spec), output_(output), cb_(cb), cancel_(cancel), suspend_(suspend) {}
+  TrainingRun(const TrainingJobSpec& spec, const JobEnvironment& env, const OutputDirectory& output,
+              const TrainingCallbacks& cb, const std::atomic<bool>* cancel, const std::atomic<bool>* suspend)
+      : spec_(spec),
+        env_(env),
+        checkpoint_every_(spec.checkpoint_every > 0 ? spec.checkpoint_every : env.default_checkpoint_every),
+        output_(output),
+        cb_(cb),
+        cancel_(cancel),
+        suspend_(suspend) {}
 
   // Config, dataset, weights, memory plan and trainer; resumes from the job's checkpoint when it has one.
   Status Prepare();
@@ -366,7 +383,9 @@ class TrainingRun {
   Status Interrupted(const char* phase) const { return slide::Interrupted(cancel_, suspend_, phase); }
 
   const TrainingJobSpec& spec_;
-  const OutputDirectory& output_;  // opened once before the run: the export is written through it
+  const JobEnvironment& env_;
+  const int64_t checkpoint_every_;  // the spec's, else the daemon's default
+  const OutputDirectory& output_;   // opened once before the run: the export is written through it
   const TrainingCallbacks& cb_;
   const std::atomic<bool>* cancel_;
   const std::atomic<bool>* suspend_;
@@ -422,8 +441,8 @@ Status TrainingRun::Prepare() {
   SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat,
                                                               [this] { return Interrupted("loading the weights"); }));
   MemoryPlan plan;
-  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), JobSlidingOptions(spec_, o),
-                                                          MakePlanRequest(spec_, cuda_), &plan));
+  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), JobSlidingOptions(spec_, env_, o),
+                                                          MakePlanRequest(spec_, env_, cuda_), &plan));
   Log("memory plan:\n" + plan.ToString());
   if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
@@ -434,9 +453,9 @@ Status TrainingRun::Prepare() {
                  " batch=" + std::to_string(spec_.batch_size) + " micro=" + std::to_string(micro_) +
                  " seq=" + std::to_string(spec_.seq_len) + " train_sequences=" + std::to_string(n_train) +
                  " seed=" + std::to_string(spec_.seed) + " total_steps=" + std::to_string(total_);
-  if (!spec_.checkpoint_dir.empty()) {
+  if (!env_.checkpoint_dir.empty()) {
     SLIDE_ASSIGN_OR_RETURN(auto resumed,
-                           LoadTrainingCheckpoint(spec_.checkpoint_dir, {fingerprint_, total_, n_train}, *trainer_));
+                           LoadTrainingCheckpoint(env_.checkpoint_dir, {fingerprint_, total_, n_train}, *trainer_));
     if (resumed) {
       first_step_ = resumed->step;
       order_->Seek({resumed->order_epoch, resumed->order_index});
@@ -460,7 +479,7 @@ Status TrainingRun::Checkpoint(int64_t steps_done) {
   info.fingerprint = fingerprint_;
   trainer_->WaitForUpdates();  // the step's own update time is not the checkpoint's
   const auto t0 = std::chrono::steady_clock::now();
-  SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(spec_.checkpoint_dir, info, *trainer_));
+  SLIDE_RETURN_IF_ERROR(SaveTrainingCheckpoint(env_.checkpoint_dir, info, *trainer_));
   SkipNvmeTraffic();
   last_checkpoint_ = steps_done;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -521,7 +540,7 @@ Status TrainingRun::Train() {
     if (cancel_ != nullptr && cancel_->load())
       return Status(StatusCode::kCancelled, "cancelled at step " + std::to_string(step));
     if (suspend_ != nullptr && suspend_->load()) {
-      if (!spec_.checkpoint_dir.empty() && step > last_checkpoint_) SLIDE_RETURN_IF_ERROR(Checkpoint(step));
+      if (!env_.checkpoint_dir.empty() && step > last_checkpoint_) SLIDE_RETURN_IF_ERROR(Checkpoint(step));
       result_.suspended = true;
       return Status::Ok();
     }
@@ -537,8 +556,7 @@ Status TrainingRun::Train() {
                       (std::isfinite(st.loss) ? "gradient norm (" + std::to_string(st.grad_norm) + ")"
                                               : "loss (" + std::to_string(st.loss) + ")") +
                       "; the job stops without exporting (lower lr, or check the model's weights and the data)");
-    if (!spec_.checkpoint_dir.empty() && spec_.checkpoint_every > 0 && st.step % spec_.checkpoint_every == 0 &&
-        st.step < total_)
+    if (!env_.checkpoint_dir.empty() && checkpoint_every_ > 0 && st.step % checkpoint_every_ == 0 && st.step < total_)
       SLIDE_RETURN_IF_ERROR(Checkpoint(st.step));
   }
   return Status::Ok();
@@ -563,19 +581,19 @@ Status TrainingRun::Finish() {
 
 }  // namespace
 
-StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& cb,
-                                        const std::atomic<bool>* cancel, const std::atomic<bool>* suspend) {
-  SLIDE_RETURN_IF_ERROR(ValidateTrainingJobSpec(spec));
-  SLIDE_RETURN_IF_ERROR(CheckTrainingJobPaths(spec));
+StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const JobEnvironment& env,
+                                        const TrainingCallbacks& cb, const std::atomic<bool>* cancel,
+                                        const std::atomic<bool>* suspend) {
+  SLIDE_RETURN_IF_ERROR(CheckJob(spec, env));
   SLIDE_RETURN_IF_ERROR(CheckTrainingJobOutput(spec));
   // The export is written only after every step: a location that cannot take it fails the job now. The directory
   // is opened once, here, and the export writes through that descriptor: a symlink swapped in for the path while
   // the job runs cannot send the export elsewhere.
-  auto output = OutputDirectory::Open(spec.output_dir, spec.allowed_roots);
+  auto output = OutputDirectory::Open(spec.output_dir, env.allowed_roots);
   if (!output.ok()) return output.status().WithContext("job field 'output_dir'");
-  ScopedFileConfinement confine(ConfinementRoots(spec));
+  ScopedFileConfinement confine(ConfinementRoots(env));
   try {
-    TrainingRun run(spec, output.value(), cb, cancel, suspend);
+    TrainingRun run(spec, env, output.value(), cb, cancel, suspend);
     if (Status prepared = run.Prepare(); !prepared.ok()) {
       if (prepared.code() != StatusCode::kUnavailable || prepared.message() != kSuspendedWhilePreparing)
         return prepared;

@@ -27,8 +27,6 @@ struct TrainingJobSpec {
   std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
   std::string dataset_path;  // JSONL
   std::string output_dir;    // the export goes here
-  // Set by the daemon, not by users: every file the job opens must resolve under one of these (empty: anywhere).
-  std::vector<std::string> allowed_roots;
   // Hyperparameters.
   int64_t steps = 0;  // optimizer steps; 0 = derive from epochs
   int64_t epochs = 1;
@@ -59,14 +57,22 @@ struct TrainingJobSpec {
   // Optimizer state on local disk through the NVMe tier.
   TierMode nvme_state = TierMode::kNone;
   int64_t nvme_layers = -1;  // with nvme_state: only the last N layers' state on the tier; 0: as few as fit; -1: all
-  // Set by the daemon (its `nvme` section), not by users: the tier's directories and I/O settings. A job that
-  // asks for nvme_state without directories is refused.
-  StateTierOptions nvme{};
   ExportDtype export_dtype = ExportDtype::kBf16;
-  // Checkpoints (everything to resume exactly; see training_checkpoint.h). An empty directory disables them.
-  // When the directory already holds a checkpoint of this job, the job resumes from it.
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = JobEnvironment's default
+};
+
+// What the daemon, not the user, decides for a job: kept beside the spec so that the spec stays exactly what the
+// user sent (and is stored and shown as such).
+struct JobEnvironment {
+  // Every file the job opens must resolve under one of these (empty: anywhere).
+  std::vector<std::string> allowed_roots;
+  // The NVMe tier's directories and I/O settings (its mode and layers are the spec's). A job that asks for
+  // nvme_state without directories is refused.
+  StateTierOptions nvme{};
+  // Checkpoints (everything to resume exactly; see training_checkpoint.h). Empty disables them. When the
+  // directory already holds a checkpoint of this job, the job resumes from it.
   std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only when suspended
+  int64_t default_checkpoint_every = 0;  // for specs that leave checkpoint_every at 0; 0 = only when suspended
 };
 
 // The largest job accepted: far beyond any real run, small enough that no product of these sizes with each other
@@ -86,9 +92,9 @@ struct JobSizeLimits {
 // API's names to them once, at the boundary (server/job_proto.cc).
 Status ValidateTrainingJobSpec(const TrainingJobSpec& spec);
 
-// The job's paths before anything is loaded: each inside allowed_roots, the dataset a regular file when it
+// The job's paths before anything is loaded: each inside `allowed_roots`, the dataset a regular file when it
 // exists (not a FIFO or a directory), output_dir a directory or not there yet. Errors name the field.
-Status CheckTrainingJobPaths(const TrainingJobSpec& spec);
+Status CheckTrainingJobPaths(const TrainingJobSpec& spec, const std::vector<std::string>& allowed_roots = {});
 
 // Where the export goes, for the jobs that write one: output_dir is not model_dir, neither holds the other, and it
 // is not (and does not hold) the dataset's directory; model_dir is not the dataset's directory. Compared resolved;
@@ -131,15 +137,16 @@ struct TrainingResult {
 // Reads the model's config.json and runs the memory planner for this job (no weights loaded): the plan as a
 // table, or RESOURCE_EXHAUSTED with needed vs available when the job cannot fit the GPU budget or this
 // machine's memory. The daemon calls it at submission.
-StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec);
+StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvironment& env = {});
 
 // The mean token loss of the model in `spec.model_dir` on the spec's held-out split (eval_fraction > 0), the
 // split a training run of the same spec uses; nothing is trained. E.g. the loss of an exported model.
-StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec);
+StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvironment& env = {});
 
 // `cancel` stops at the next step boundary (status CANCELLED). `suspend` stops there too, after writing a
 // checkpoint (result.suspended): the daemon uses it on shutdown.
-StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const TrainingCallbacks& callbacks,
-                                        const std::atomic<bool>* cancel, const std::atomic<bool>* suspend = nullptr);
+StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const JobEnvironment& env,
+                                        const TrainingCallbacks& callbacks, const std::atomic<bool>* cancel,
+                                        const std::atomic<bool>* suspend = nullptr);
 
 }  // namespace slide

@@ -49,7 +49,7 @@ TEST(TrainingJob, DemoTrainsEvaluatesAndExports) {
   std::vector<std::string> logs;
   TrainingCallbacks cb{[&](const std::string& m) { logs.push_back(m); },
                        [&](const TrainingStepEvent& e) { steps.push_back(e); }};
-  TrainingResult r = testing::ValueOrDie(RunTrainingJob(DemoSpec(out), cb, nullptr));
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(DemoSpec(out), {}, cb, nullptr));
   ASSERT_EQ(steps.size(), 40u);
   EXPECT_EQ(steps.back().step, 40);
   EXPECT_EQ(steps.back().total_steps, 40);
@@ -70,7 +70,7 @@ TEST(TrainingJob, ExportLoadsBackWithTheJobsHeldOutLoss) {
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 10;
   spec.export_dtype = ExportDtype::kFp32;
-  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, nullptr));
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, {}, nullptr));
   ASSERT_GT(r.eval_loss, 0);
   TrainingJobSpec reload = spec;
   reload.model_dir = r.export_dir;
@@ -79,7 +79,7 @@ TEST(TrainingJob, ExportLoadsBackWithTheJobsHeldOutLoss) {
 
   spec.export_dtype = ExportDtype::kBf16;
   spec.output_dir = out.File("export-bf16");
-  r = testing::ValueOrDie(RunTrainingJob(spec, {}, nullptr));
+  r = testing::ValueOrDie(RunTrainingJob(spec, {}, {}, nullptr));
   reload.model_dir = r.export_dir;
   const double bf16 = testing::ValueOrDie(EvaluateHeldOutLoss(reload));
   EXPECT_NEAR(bf16, r.eval_loss, 1e-2 * r.eval_loss);
@@ -189,6 +189,7 @@ TEST(TrainingJob, OutputDirOverlappingTheModelOrTheDataIsRefusedNamingBoth) {
 // The output directory is opened once; swapping its path for a symlink to a directory outside the allowed roots
 // while the job runs must not move the export there.
 TEST(TrainingJob, OutputDirSwappedForASymlinkMidRunIsNotFollowed) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir root, outside;
   TrainingJobSpec s = DemoSpec(root);
   s.steps = 4;
@@ -199,7 +200,7 @@ TEST(TrainingJob, OutputDirSwappedForASymlinkMidRunIsNotFollowed) {
   s.model_dir = model;
   s.dataset_path = root.File("train.jsonl");
   s.output_dir = root.File("out");
-  s.allowed_roots = {root.path()};
+  env.allowed_roots = {root.path()};
   bool swapped = false;
   TrainingCallbacks cb;
   cb.on_step = [&](const TrainingStepEvent& e) {
@@ -208,7 +209,7 @@ TEST(TrainingJob, OutputDirSwappedForASymlinkMidRunIsNotFollowed) {
     std::filesystem::create_directory_symlink(outside.path(), root.File("out"));
     swapped = true;
   };
-  TrainingResult r = testing::ValueOrDie(RunTrainingJob(s, cb, nullptr));
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(s, env, cb, nullptr));
   ASSERT_TRUE(swapped);
   EXPECT_EQ(r.steps, 4);
   EXPECT_FALSE(std::filesystem::exists(outside.File("config.json")));
@@ -232,7 +233,7 @@ TEST(TrainingJob, NonFiniteWeightsFailTheJobNamingTheTensor) {
   testing::TempDir out;
   TrainingJobSpec s = DemoSpec(out);
   s.model_dir = DemoModelWith(out, "nan-model", [](ModelParams& p) { p.Param(1, "mlp.down_proj.weight")[0][3] = NAN; });
-  auto r = RunTrainingJob(s, {}, nullptr);
+  auto r = RunTrainingJob(s, {}, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   ExpectContains(r.status().message(), "mlp.down_proj.weight' holds NaN or infinite values");
   EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
@@ -241,17 +242,18 @@ TEST(TrainingJob, NonFiniteWeightsFailTheJobNamingTheTensor) {
 // Finite weights that overflow in the forward (norm scales near float's maximum) give a non-finite loss: the job
 // fails at that step, exports nothing and writes no checkpoint after it.
 TEST(TrainingJob, NonFiniteLossFailsTheJobWithoutExporting) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec s = DemoSpec(out);
   s.model_dir = DemoModelWith(out, "hot-model", [](ModelParams& p) {
     for (const auto& [name, view] : p.Named())
       if (name.find("norm") != std::string::npos) view.fill_(3e38);
   });
-  s.checkpoint_dir = out.File("ckpt");
+  env.checkpoint_dir = out.File("ckpt");
   s.checkpoint_every = 1;
   int steps = 0;
   TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent&) { ++steps; }};
-  auto r = RunTrainingJob(s, cb, nullptr);
+  auto r = RunTrainingJob(s, env, cb, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "step 1 gave a non-finite");
   EXPECT_EQ(steps, 1);
@@ -263,20 +265,20 @@ TEST(TrainingJob, BadPathsAndDataFailTheJob) {
   testing::TempDir out;
   TrainingJobSpec s = DemoSpec(out);
   s.model_dir = "/nonexistent/model";
-  auto r = RunTrainingJob(s, {}, nullptr);
+  auto r = RunTrainingJob(s, {}, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   ExpectContains(r.status().message(), "/nonexistent/model/config.json");
 
   s = DemoSpec(out);
   s.dataset_path = out.File("bad.jsonl");
   std::ofstream(s.dataset_path) << "{\"prompt\": \"x\", \"completion\": \"y\"}\n{oops\n";
-  r = RunTrainingJob(s, {}, nullptr);
+  r = RunTrainingJob(s, {}, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "bad.jsonl:2: not valid JSON");
 
   s = DemoSpec(out);
   s.gpu_budget_bytes = 1 << 16;  // too small for the plan
-  r = RunTrainingJob(s, {}, nullptr);
+  r = RunTrainingJob(s, {}, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
 }
 
@@ -287,7 +289,7 @@ TEST(TrainingJob, CancelWhilePreparingStopsBeforeAnyStep) {
   int steps = 0;
   TrainingCallbacks cb;
   cb.on_step = [&](const TrainingStepEvent&) { ++steps; };
-  auto r = RunTrainingJob(DemoSpec(out), cb, &cancel);
+  auto r = RunTrainingJob(DemoSpec(out), {}, cb, &cancel);
   EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
   ExpectContains(r.status().message(), "cancelled while preparing");
   EXPECT_EQ(steps, 0);
@@ -296,6 +298,7 @@ TEST(TrainingJob, CancelWhilePreparingStopsBeforeAnyStep) {
 // Every file a confined job reads must resolve inside the roots: a tokenizer linked out of them is refused
 // without its bytes being read, and an output path that is a file fails before training.
 TEST(TrainingJob, ConfinedJobsOpenNothingOutsideTheRoots) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir root, outside;
   const std::string secret = outside.File("secret");
   std::ofstream(secret) << "TOPSECRET";
@@ -309,8 +312,8 @@ TEST(TrainingJob, ConfinedJobsOpenNothingOutsideTheRoots) {
   std::filesystem::copy_file(s.dataset_path, root.File("train.jsonl"));
   s.model_dir = model;
   s.dataset_path = root.File("train.jsonl");
-  s.allowed_roots = {root.path()};
-  auto r = RunTrainingJob(s, {}, nullptr);  // refused before anything is read
+  env.allowed_roots = {root.path()};
+  auto r = RunTrainingJob(s, env, {}, nullptr);  // refused before anything is read
   EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
   ExpectContains(r.status().message(), model + "/tokenizer.json' (resolved to '" + secret);
   EXPECT_EQ(r.status().message().find("TOPSECRET"), std::string::npos);
@@ -321,19 +324,19 @@ TEST(TrainingJob, ConfinedJobsOpenNothingOutsideTheRoots) {
   std::filesystem::copy_file(model + "/model.safetensors", outside.File("model.safetensors"));
   std::filesystem::remove(model + "/model.safetensors");
   std::filesystem::create_symlink(outside.File("model.safetensors"), model + "/model.safetensors");
-  r = RunTrainingJob(s, {}, nullptr);
+  r = RunTrainingJob(s, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
   ExpectContains(r.status().message(), model + "/model.safetensors: resolves to '" + outside.File("model.safetensors"));
   std::filesystem::remove(model + "/tokenizer.json");
   std::filesystem::create_symlink(secret, model + "/tokenizer.json");
 
-  s.allowed_roots.clear();  // unconfined, the same link is read (and is not a tokenizer)
-  r = RunTrainingJob(s, {}, nullptr);
+  env.allowed_roots.clear();  // unconfined, the same link is read (and is not a tokenizer)
+  r = RunTrainingJob(s, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
 
   s = DemoSpec(root);
   s.output_dir = secret;  // a file
-  r = RunTrainingJob(s, {}, nullptr);
+  r = RunTrainingJob(s, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   ExpectContains(r.status().message(), "exists and is not a directory");
 }
@@ -345,7 +348,7 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
   TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) {
                          if (++seen == 3) cancel = true;
                        }};
-  auto r = RunTrainingJob(DemoSpec(out), cb, &cancel);
+  auto r = RunTrainingJob(DemoSpec(out), {}, cb, &cancel);
   EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
   EXPECT_EQ(r.status().message(), "cancelled at step 3");
   EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
@@ -356,12 +359,13 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
 // optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory: every
 // unit's state, or with `nvme_layers` the last layers').
 void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_layers = -1) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
   ScratchDir nvme_dir;
-  spec.nvme.io.dirs = {nvme_dir.path()};
-  spec.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
+  env.nvme.io.dirs = {nvme_dir.path()};
+  env.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
   auto place = [&](TierMode mode) {
     spec.nvme_state = mode;
     spec.nvme_layers = mode == TierMode::kNone ? -1 : nvme_layers;
@@ -369,10 +373,10 @@ void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_l
   place(nvme_state[0]);
   std::vector<double> straight;
   TrainingCallbacks record{nullptr, [&](const TrainingStepEvent& e) { straight.push_back(e.loss); }};
-  testing::ValueOrDie(RunTrainingJob(spec, record, nullptr));
+  testing::ValueOrDie(RunTrainingJob(spec, env, record, nullptr));
   ASSERT_EQ(straight.size(), 8u);
 
-  spec.checkpoint_dir = out.File("ckpt");
+  env.checkpoint_dir = out.File("ckpt");
   spec.checkpoint_every = 2;
   std::atomic<bool> suspend{false};
   std::vector<std::pair<int64_t, double>> first, second;
@@ -381,7 +385,7 @@ void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_l
                           if (e.step == 5) suspend = true;
                         }};
   place(nvme_state[1]);
-  TrainingResult r1 = testing::ValueOrDie(RunTrainingJob(spec, cb1, nullptr, &suspend));
+  TrainingResult r1 = testing::ValueOrDie(RunTrainingJob(spec, env, cb1, nullptr, &suspend));
   EXPECT_TRUE(r1.suspended);
   EXPECT_EQ(r1.steps, 5);
   EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors.tmp")));
@@ -393,7 +397,7 @@ void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_l
 
   TrainingCallbacks cb2{nullptr, [&](const TrainingStepEvent& e) { second.emplace_back(e.step, e.loss); }};
   place(nvme_state[2]);
-  TrainingResult r2 = testing::ValueOrDie(RunTrainingJob(spec, cb2, nullptr));
+  TrainingResult r2 = testing::ValueOrDie(RunTrainingJob(spec, env, cb2, nullptr));
   EXPECT_EQ(r2.resumed_from, 5);
   EXPECT_EQ(r2.steps, 8);
   ASSERT_EQ(second.size(), 3u);
@@ -425,16 +429,17 @@ TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
 // nvme_layers 0: the planner tiers the fewest last layers with which the rest fits the host; the demo model fits any
 // host, so one layer, and the job's log says so.
 TEST(TrainingJob, NvmeLayersZeroTiersTheFewestThatFit) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   ScratchDir nvme_dir;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 2;
-  spec.nvme.io.dirs = {nvme_dir.path()};
+  env.nvme.io.dirs = {nvme_dir.path()};
   spec.nvme_state = TierMode::kMoments;
   spec.nvme_layers = 0;
   std::string log;
   TrainingCallbacks cb{[&](const std::string& line) { log += line + "\n"; }, nullptr};
-  const TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr));
+  const TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr));
   EXPECT_EQ(r.steps, 2);
   ExpectContains(log, "moments of the last 1 layers on NVMe");
   ExpectContains(log, "NVMe (the last 1 layers)");
@@ -443,22 +448,23 @@ TEST(TrainingJob, NvmeLayersZeroTiersTheFewestThatFit) {
 // nvme_layers is a count of layers on the tier (0: the planner's pick): it needs the tier, and is at least 0 and at
 // most the model's layer count; each mistake fails the job with the field named, before any step.
 TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   ScratchDir nvme_dir;
   TrainingJobSpec spec = DemoSpec(out);
-  spec.nvme.io.dirs = {nvme_dir.path()};
+  env.nvme.io.dirs = {nvme_dir.path()};
   spec.nvme_layers = 1;
-  auto r = RunTrainingJob(spec, {}, nullptr);
+  auto r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "'nvme_layers' needs nvme_state");
   spec.nvme_state = TierMode::kMoments;
   spec.nvme_layers = -2;
-  r = RunTrainingJob(spec, {}, nullptr);
+  r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "'nvme_layers' must be >= 1");
   spec.nvme_layers = 1000;
   int steps = 0;
-  r = RunTrainingJob(spec, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
+  r = RunTrainingJob(spec, env, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   ExpectContains(r.status().message(), "'nvme_layers' (1000) exceeds the model's");
   EXPECT_EQ(steps, 0);
@@ -467,15 +473,16 @@ TEST(TrainingJob, NvmeLayersAreCheckedAgainstTheTierAndTheModel) {
 // The tier's settings come from the daemon: a job asking for it without directories is refused, and a directory the
 // tier cannot create its files in fails that job before any step.
 TEST(TrainingJob, NvmeStateNeedsAUsableDirectory) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.nvme_state = TierMode::kMoments;
-  auto r = RunTrainingJob(spec, {}, nullptr);
+  auto r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   ExpectContains(r.status().message(), "nvme.dirs");
-  spec.nvme.io.dirs = {out.File("no-such-dir")};
+  env.nvme.io.dirs = {out.File("no-such-dir")};
   int steps = 0;
-  r = RunTrainingJob(spec, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
+  r = RunTrainingJob(spec, env, {nullptr, [&](const TrainingStepEvent&) { ++steps; }}, nullptr);
   EXPECT_FALSE(r.ok());
   ExpectContains(r.status().message(), out.File("no-such-dir") + "/slide-unit-00000-");
   ExpectContains(r.status().message(), "cannot create");
@@ -485,16 +492,17 @@ TEST(TrainingJob, NvmeStateNeedsAUsableDirectory) {
 // Suspending right after a periodic checkpoint keeps that checkpoint: the step is not written twice (a second
 // write would first remove the directory LATEST names).
 TEST(TrainingJob, SuspendRightAfterACheckpointDoesNotRewriteIt) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
-  spec.checkpoint_dir = out.File("ckpt");
+  env.checkpoint_dir = out.File("ckpt");
   spec.checkpoint_every = 2;
   std::atomic<bool> suspend{false};
   int writes_at_4 = 0;
   TrainingCallbacks cb{[&](const std::string& m) { writes_at_4 += m.rfind("checkpoint at step 4:", 0) == 0; },
                        [&](const TrainingStepEvent& e) { suspend = e.step == 4; }};
-  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend));
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend));
   EXPECT_TRUE(r.suspended);
   EXPECT_EQ(r.steps, 4);
   EXPECT_EQ(writes_at_4, 1);
@@ -502,28 +510,29 @@ TEST(TrainingJob, SuspendRightAfterACheckpointDoesNotRewriteIt) {
 }
 
 TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 4;
-  spec.checkpoint_dir = out.File("ckpt");
+  env.checkpoint_dir = out.File("ckpt");
   std::atomic<bool> suspend{false};
   TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
-  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend)).suspended);
+  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend)).suspended);
 
   TrainingJobSpec other = spec;
   other.batch_size = 8;  // a different job must not pick this checkpoint up
-  auto r = RunTrainingJob(other, {}, nullptr);
+  auto r = RunTrainingJob(other, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   ExpectContains(r.status().message(), "belongs to a different job");
 
   const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
   std::filesystem::resize_file(tensors, std::filesystem::file_size(tensors) / 2);
-  r = RunTrainingJob(spec, {}, nullptr);
+  r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), tensors);
 
   std::ofstream(out.File("ckpt/step-00000002/state.json")) << "{\"format\": 1, \"step\": ";
-  r = RunTrainingJob(spec, {}, nullptr);
+  r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "state.json' is corrupt");
 }
@@ -531,13 +540,14 @@ TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
 // A checkpoint is a file like any other: a state.json that claims more steps than the job has, or tensors that
 // hold NaN, are refused before resuming rather than trained on to a SUCCEEDED job with a NaN loss.
 TEST(TrainingJob, CheckpointClaimingTooManyStepsOrHoldingNaNIsRefused) {
+  JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 4;
-  spec.checkpoint_dir = out.File("ckpt");
+  env.checkpoint_dir = out.File("ckpt");
   std::atomic<bool> suspend{false};
   TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
-  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, cb, nullptr, &suspend)).suspended);
+  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend)).suspended);
   const std::string state = out.File("ckpt/step-00000002/state.json");
   const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
   std::filesystem::copy_file(state, out.File("state.json.good"));
@@ -550,7 +560,7 @@ TEST(TrainingJob, CheckpointClaimingTooManyStepsOrHoldingNaNIsRefused) {
   const size_t at = text.find("\"step\": 2");
   ASSERT_NE(at, std::string::npos) << text;
   std::ofstream(state) << text.replace(at, 9, "\"step\": 100000");
-  auto r = RunTrainingJob(spec, {}, nullptr);
+  auto r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "claims step 100000 of 4, but this job has 4 steps");
 
@@ -563,7 +573,7 @@ TEST(TrainingJob, CheckpointClaimingTooManyStepsOrHoldingNaNIsRefused) {
       if (name == "exp_avg_sq.1") t[7] = std::nanf("");
     ASSERT_TRUE(WriteSafetensors(tensors, all, {{"format", "slideformer"}}).ok());
   }
-  r = RunTrainingJob(spec, {}, nullptr);
+  r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "tensor 'exp_avg_sq.1' holds NaN or infinite values");
 }
