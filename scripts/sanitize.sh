@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The unit, engine and daemon suites under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the
-# thread pool and the NVMe tier's threaded I/O tests under ThreadSanitizer (build-tsan/; LibTorch is not instrumented, so the TSan run
-# keeps to the LibTorch-free library). Both builds are CPU-only (SLIDE_CUDA=OFF: LibTorch's CPU libraries imported
+# thread pool's, the NVMe tier's and the job manager's threaded tests under ThreadSanitizer (build-tsan/; LibTorch is
+# not instrumented, so the TSan run keeps to the LibTorch-free libraries). Both builds are CPU-only (SLIDE_CUDA=OFF: LibTorch's CPU libraries imported
 # without the CUDA toolkit, cmake/TorchWithoutToolkit.cmake).
 #   scripts/sanitize.sh            run both; exit 1 on any test failure or sanitizer report
 #   SLIDE_HIDE_CUDA=1 scripts/sanitize.sh
@@ -31,7 +31,8 @@ status=0
 mkdir -p build-asan build-tsan
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIDE_SANITIZE=ON -DSLIDE_CUDA=OFF \
   -DSLIDE_BUILD_BENCH=OFF > build-asan/cmake.log 2>&1 || { tail -30 build-asan/cmake.log; exit 1; }
-suites="common_tests io_tests data_tests model_tests optim_tests engine_tests job_file_tests job_proto_tests daemon_tests slidectl_tests"
+suites="common_tests io_tests data_tests model_tests optim_tests engine_tests job_file_tests job_proto_tests job_manager_tests
+  daemon_tests slidectl_tests"
 cmake --build build-asan --target $suites || exit 1
 for t in $suites; do
   # Reports fail the run: ASan aborts on the first; UBSan halts too (its reports would otherwise only print).
@@ -43,8 +44,8 @@ for t in $suites; do
 done
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIDE_TSAN=ON -DSLIDE_CUDA=OFF -DSLIDE_BUILD_BENCH=OFF \
   > build-tsan/cmake.log 2>&1 || { tail -30 build-tsan/cmake.log; exit 1; }
-cmake --build build-tsan --target common_tests io_tests || exit 1
-for t in common_tests io_tests; do
+cmake --build build-tsan --target common_tests io_tests job_manager_tests || exit 1
+for t in common_tests io_tests job_manager_tests; do
   TSAN_OPTIONS=halt_on_error=1 timeout 1500 build-tsan/tests/$t > "build-tsan/$t.log" 2>&1
   rc=$?
   echo "sanitize: tsan $t rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "build-tsan/$t.log" | tr '\n' ' ')"
