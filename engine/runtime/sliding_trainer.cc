@@ -1,4 +1,5 @@
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/trainer_resolver.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -35,11 +36,6 @@ AdamWStepArgs ParamArgs(const ParamSpec& spec, const AdamWStepArgs& unit_args) {
   AdamWStepArgs a = unit_args;
   if (!spec.weight_decay) a.hp.weight_decay = 0;
   return a;
-}
-
-// Weights first may run: asked for, or automatic on CUDA (kAuto only ever turns it on there).
-bool WeightsFirstAllowed(const SlidingOptions& o) {
-  return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());
 }
 
 // Cancels the weights-first ring when a forward fails part way: passes waiting for loads that will not come go on,
@@ -113,48 +109,21 @@ StatusOr<std::unique_ptr<StateTier>> SlidingTrainer::OpenTier(const ModelLayout&
   return StateTier::Open(options.nvme, numel);
 }
 
-StatusOr<MemoryPlan> SlidingTrainer::Plan(const ModelConfig& cfg, const TrainerOptions& train, PlanRequest request) {
-  request.model = cfg;
-  request.compute_dtype = train.compute_dtype;
-  request.lm_head_chunk_tokens = train.loss.chunk_tokens;
-  request.weights_first = request.weights_first && train.max_grad_norm > 0;
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(request));
-  if (plan.checkpoints_on_host && request.streamed_ring_bytes > 0) {
-    // Nothing streams beside parked layer inputs (PlannedDeviceUpdateShare): plan again without the streamed ring, the
-    // inputs kept parked (the ring's room could otherwise tip the choice back to the device, where the share would
-    // apply unplanned) and the window kept (a wider one could cost resident layers and grow the host side past a
-    // budget the first plan met; with both kept the room can only go to resident layers).
-    request.streamed_ring_bytes = 0;
-    request.checkpoints = CheckpointPlacement::kHost;
-    request.window = plan.window;
-    return PlanMemory(request);
-  }
-  return plan;
+StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
+                                                                 const ResolvedTrainer& resolved) {
+  SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, resolved.options));
+  auto trainer =
+      std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), resolved.options, std::move(tier));
+  trainer->planned_tokens_ = resolved.planned_tokens;
+  return trainer;
 }
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
-                                                                 SlidingOptions options, PlanRequest request,
+                                                                 SlidingOptions options, PlanRequest budget,
                                                                  MemoryPlan* plan_out) {
-  request.weights_first = WeightsFirstAllowed(options);  // the ring is counted where it can be used
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, Plan(cfg, options.train, request));
-  options.window = plan.window;
-  options.device_update_share = PlannedDeviceUpdateShare(options.device_update_share, plan.checkpoints_on_host);
-  // On the CPU the device is host memory: parking its layer inputs would only copy them.
-  options.checkpoints_on_host = plan.checkpoints_on_host && options.train.device.is_cuda();
-  options.device_budget_bytes = request.device_budget_bytes;
-  options.resident_layers = plan.resident_layers;
-  if (options.nvme.mode != TierMode::kNone && options.nvme.layers == 0) {
-    if (request.nvme_layers != 0)
-      return InvalidArgument("the NVMe tier's layers are 0 (the planner picks them), but the plan was asked for " +
-                             std::to_string(request.nvme_layers));
-    options.nvme.layers = plan.nvme_layers;  // the fewest that fit the host
-  }
-  SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, options));
-  auto trainer =
-      std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), std::move(options), std::move(tier));
-  trainer->planned_tokens_ = request.micro_batch * request.seq_len;
-  if (plan_out != nullptr) *plan_out = plan;
-  return trainer;
+  SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved, ResolveTrainer(cfg, std::move(options), std::move(budget)));
+  if (plan_out != nullptr) *plan_out = resolved.plan;
+  return Create(std::move(cfg), std::move(master_fp32), resolved);
 }
 
 void SlidingTrainer::Init() {

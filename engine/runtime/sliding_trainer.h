@@ -38,6 +38,8 @@
 
 namespace slide {
 
+struct ResolvedTrainer;  // trainer_resolver.h
+
 // Under exact clipping every update waits for the backward's global norm, and the next forward waits for the
 // updates. Weights first: a weights-only AdamW pass (master, moments and gradient read, the bf16 weights written:
 // 16 bytes an element) computes each host layer's next weights in forward order and hands them to the device
@@ -145,14 +147,14 @@ class SlidingTrainer {
   // Opens the NVMe tier `options` asks for (null for mode none): the disk is reserved here.
   static StatusOr<std::unique_ptr<StateTier>> OpenTier(const ModelLayout& layout, const SlidingOptions& options);
 
-  // Plans memory for `request` (micro-batch, sequence, budgets; window 0 = choose) and builds the trainer with
-  // that plan. A job that cannot fit is refused here, with the numbers, before anything large is allocated;
-  // later micro-batches larger than planned are refused by Step.
-  // The plan Create would run with: `request` completed from the model and the trainer options; a plan that parks
-  // the layer inputs counts no streamed ring (nothing streams there).
-  static StatusOr<MemoryPlan> Plan(const ModelConfig& cfg, const TrainerOptions& train, PlanRequest request);
+  // Builds the trainer a resolution planned (ResolveTrainer, trainer_resolver.h: a job that cannot fit was refused
+  // there, with the numbers, before anything large is allocated); opens its NVMe tier. Later micro-batches larger
+  // than planned are refused by Step.
   static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
-                                                          SlidingOptions options, PlanRequest request,
+                                                          const ResolvedTrainer& resolved);
+  // ResolveTrainer(cfg, options, budget), then Create; `plan` (optional) gets the plan.
+  static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
+                                                          SlidingOptions options, PlanRequest budget,
                                                           MemoryPlan* plan = nullptr);
   ~SlidingTrainer();
 

@@ -18,6 +18,7 @@
 #include "engine/model/hf_checkpoint.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/trainer_resolver.h"
 #include "engine/runtime/training_checkpoint.h"
 
 namespace slide {
@@ -53,55 +54,51 @@ MicroBatch ToMicroBatch(const std::vector<Sequence>& seqs, const std::vector<int
   return {ids, ShiftLabels(labels)};
 }
 
-// The daemon's tier settings with the job's mode (validated before this is called).
-StateTierOptions TierOptions(const TrainingJobSpec& spec, const JobEnvironment& env) {
-  StateTierOptions o = env.nvme;
-  o.mode = spec.nvme_state;
-  o.layers = spec.nvme_layers;
-  return o;
-}
-
 c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda);
 
-// GPU jobs in bf16 with their optimizer state in host memory update a share of their layers on the GPU.
-bool StreamsUpdates(const TrainingJobSpec& spec, bool cuda) {
-  return cuda && ComputeDtype(spec, cuda) == c10::kBFloat16 && spec.nvme_state == TierMode::kNone;
+// The trainer's options a job's spec asks for: device, dtype, AdamW, the schedule over `total_steps`, clipping.
+TrainerOptions JobTrainerOptions(const TrainingJobSpec& spec, bool cuda, int64_t total_steps) {
+  TrainerOptions o;
+  o.adamw = {.lr = spec.lr,
+             .beta1 = spec.adam_beta1,
+             .beta2 = spec.adam_beta2,
+             .eps = spec.adam_eps,
+             .weight_decay = spec.weight_decay};
+  o.schedule = {.kind = spec.lr_schedule,
+                .peak_lr = spec.lr,
+                .warmup_steps = spec.warmup_steps,
+                .total_steps = std::max<int64_t>(1, total_steps)};
+  o.max_grad_norm = spec.max_grad_norm;
+  o.compute_dtype = ComputeDtype(spec, cuda);
+  o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  return o;
 }
 
-PlanRequest MakePlanRequest(const TrainingJobSpec& spec, const JobEnvironment& env, bool cuda) {
-  const int64_t micro = MicroBatchSize(spec);
-  PlanRequest r;
-  r.micro_batch = micro;
-  r.seq_len = spec.seq_len;
-  r.grad_accum = spec.batch_size / micro;
-  r.device_budget_bytes = spec.gpu_budget_bytes;
-  r.host_budget_bytes = PhysicalHostBytes();
-  r.window = spec.window;
-  r.checkpoints = spec.activation_placement;
-  if (!cuda) r.device_reserved_bytes = 0;
-  const StateTierOptions tier = TierOptions(spec, env);
-  r.moments_on_nvme = tier.mode != TierMode::kNone;
-  r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
-  r.nvme_ring_bytes = StateTierRingBytes(tier);
-  r.nvme_layers = tier.layers;
-  r.weights_first = cuda;  // the trainer's default (automatic) may use the ring there
-  // On a GPU the memory the window leaves is spent on resident layers (state and update on the device); the
-  // NVMe tier keeps every unit's state on disk instead.
-  r.resident_layers = cuda && !r.moments_on_nvme ? -1 : 0;
-  if (StreamsUpdates(spec, cuda)) {
-    SlidingOptions streamed;
-    streamed.device_update_share = kDefaultDeviceUpdateShare;
-    r.streamed_ring_bytes = streamed.DeviceUpdateRingBytes();
-  }
-  return r;
-}
-
-SlidingOptions JobSlidingOptions(const TrainingJobSpec& spec, const JobEnvironment& env, const TrainerOptions& train) {
+// What a job asks of its trainer: the options (the daemon's NVMe tier with the job's mode; GPU jobs in bf16 with
+// their optimizer state in host memory update a share of their layers on the GPU) and the shape and budgets (on a
+// GPU the memory the window leaves goes to resident layers; the NVMe tier keeps every unit's state on disk instead).
+// ResolveTrainer derives the rest, for the plan at submission and the trainer alike.
+StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const TrainingJobSpec& spec,
+                                            const JobEnvironment& env, const TrainerOptions& train) {
+  const bool cuda = train.device.is_cuda();
   SlidingOptions o;
   o.train = train;
-  o.nvme = TierOptions(spec, env);
-  if (StreamsUpdates(spec, train.device.is_cuda())) o.device_update_share = kDefaultDeviceUpdateShare;
-  return o;
+  o.nvme = env.nvme;
+  o.nvme.mode = spec.nvme_state;
+  o.nvme.layers = spec.nvme_layers;
+  if (cuda && train.compute_dtype == c10::kBFloat16 && spec.nvme_state == TierMode::kNone)
+    o.device_update_share = kDefaultDeviceUpdateShare;
+  PlanRequest budget;
+  budget.micro_batch = MicroBatchSize(spec);
+  budget.seq_len = spec.seq_len;
+  budget.grad_accum = spec.batch_size / budget.micro_batch;
+  budget.device_budget_bytes = spec.gpu_budget_bytes;
+  budget.host_budget_bytes = PhysicalHostBytes();
+  budget.window = spec.window;
+  budget.checkpoints = spec.activation_placement;
+  if (!cuda) budget.device_reserved_bytes = 0;
+  budget.resident_layers = cuda ? -1 : 0;
+  return ResolveTrainer(cfg, std::move(o), std::move(budget));
 }
 
 // The roots the job's file reads are confined to: the allowed roots plus the daemon's own checkpoint directory.
@@ -209,13 +206,10 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvir
     if (ds.eval.empty())
       return FailedPrecondition("job field 'eval_fraction' (" + std::to_string(spec.eval_fraction) +
                                 ") leaves no held-out sequences to evaluate");
-    TrainerOptions o;
-    o.compute_dtype = ComputeDtype(spec, cuda);
-    o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
     const int64_t micro = MicroBatchSize(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
-    SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), JobSlidingOptions(spec, env, o),
-                                                                MakePlanRequest(spec, env, cuda)));
+    SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved, ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, cuda, 1)));
+    SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), resolved));
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
   } catch (const c10::Error& e) {
     return Internal(e.what_without_backtrace());
@@ -233,11 +227,9 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvi
   // The config's dimensions against the weights' own headers (no data read): a config.json that claims more than
   // its files hold is refused here, not after the planner has sized buffers for it.
   SLIDE_RETURN_IF_ERROR(CheckHfCheckpoint(spec.model_dir, cfg));
-  const bool cuda = UsesCuda(spec);
-  TrainerOptions o;  // the planner needs only the compute dtype and the loss chunking (the defaults)
-  o.compute_dtype = ComputeDtype(spec, cuda);
-  SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, SlidingTrainer::Plan(cfg, o, MakePlanRequest(spec, env, cuda)));
-  return plan.ToString();
+  SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
+                         ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, UsesCuda(spec), 1)));
+  return resolved.plan.ToString();
 }
 
 Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
@@ -405,7 +397,6 @@ Status TrainingRun::Prepare() {
   cuda_ = UsesCuda(spec_);
   if (cuda_ && !at::hasCUDA())
     return Status(StatusCode::kFailedPrecondition, "device 'cuda' requested but no CUDA device is present");
-  const c10::Device device = cuda_ ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   const c10::ScalarType dtype = ComputeDtype(spec_, cuda_);
 
   SLIDE_ASSIGN_OR_RETURN(cfg_, LoadHfConfig(spec_.model_dir));
@@ -427,22 +418,12 @@ Status TrainingRun::Prepare() {
     return InvalidArgument("job field 'epochs' (" + std::to_string(spec_.epochs) + ") over " + std::to_string(n_train) +
                            " training sequences gives " + std::to_string(total_) + " steps; at most " +
                            std::to_string(JobSizeLimits::max_steps));
-  TrainerOptions o;
-  o.adamw = {.lr = spec_.lr,
-             .beta1 = spec_.adam_beta1,
-             .beta2 = spec_.adam_beta2,
-             .eps = spec_.adam_eps,
-             .weight_decay = spec_.weight_decay};
-  o.schedule = {
-      .kind = spec_.lr_schedule, .peak_lr = spec_.lr, .warmup_steps = spec_.warmup_steps, .total_steps = total_};
-  o.max_grad_norm = spec_.max_grad_norm;
-  o.compute_dtype = dtype;
-  o.device = device;
   SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat,
                                                               [this] { return Interrupted("loading the weights"); }));
-  MemoryPlan plan;
-  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), JobSlidingOptions(spec_, env_, o),
-                                                          MakePlanRequest(spec_, env_, cuda_), &plan));
+  SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
+                         ResolveJobTrainer(cfg_, spec_, env_, JobTrainerOptions(spec_, cuda_, total_)));
+  const MemoryPlan& plan = resolved.plan;
+  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), resolved));
   Log("memory plan:\n" + plan.ToString());
   if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +

@@ -776,7 +776,6 @@ TEST(SlidingTrainer, CreateStreamsNothingWhereThePlanParksLayerInputs) {
     SlidingOptions so{.train = o};
     so.device_update_share = 0.5;
     so.device_update_chunk = 1000;
-    r.streamed_ring_bytes = so.DeviceUpdateRingBytes();
     MemoryPlan plan;
     auto trainer = testing::ValueOrDie(
         SlidingTrainer::Create(cfg, params.To(at::TensorOptions().dtype(at::kFloat)), so, r, &plan));
