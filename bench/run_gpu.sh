@@ -2,7 +2,7 @@
 # Batched runs on the GPU box (see ../shared/device): build the engine targets, GPU tests, benchmarks. Writes
 # logs and JSON lines under $OUT (default ./gpu-out). Needs the carried Debian packages in .gpu-debs/
 # (scripts/fetch-gpu-debs.sh). One device call allows 10 minutes, so the work comes in phases:
-#   bench/run_gpu.sh build   configure + build, then the GPU tests and the CPU AdamW benchmark
+#   bench/run_gpu.sh build   configure + build, then every GPU test (ctest -L gpu) and the CPU AdamW benchmark
 #   bench/run_gpu.sh sweep   1B and 3B: batch sweep with exact clipping, and 3B without clipping
 #   bench/run_gpu.sh large   8B at batch 8 and 16
 #   bench/run_gpu.sh daemon  slided on the GPU: kill -9 / SIGTERM resume and the 50-watcher load figure
@@ -82,6 +82,12 @@ traced() {
 build_gpu() {
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   cmake --build build-gpu -j 16 --target "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+}
+# gpu_tests SECONDS [REGEX]: the GPU tests (CTest label gpu, each in its own process as ctest runs them) whose names
+# match REGEX into $OUT/gpu_tests.log, the summary printed; their binaries must be built.
+gpu_tests() {
+  timeout "$1" ctest --test-dir build-gpu -L gpu ${2:+-R "$2"} --output-on-failure --timeout 300 > "$OUT/gpu_tests.log" 2>&1
+  grep -E 'tests passed|tests failed|\*\*\*Failed|Not Run' "$OUT/gpu_tests.log" | head -20
 }
 # cuda_engine_tests SECONDS: the engine's CUDA tests into $OUT/gpu_tests.log, their summary lines printed.
 cuda_engine_tests() {
@@ -461,12 +467,10 @@ PY
     gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; lscpu | grep -E 'Model name|^CPU\(s\)|avx512f' | cut -c1-120; free -g; } > "$OUT/hardware.txt" 2>&1
     cmake -S . -B build-gpu -G "$gen" -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-    cmake --build build-gpu -j 16 --target engine_tests parity_tests optim_tests sliding_bench cpu_adamw_bench \
-      > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
+    cmake --build build-gpu -j 16 --target model_tests engine_tests parity_tests optim_tests sliding_bench \
+      cpu_adamw_bench > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' "$OUT/build.log" | head -30; exit 1; }
     echo "build ok"
-    (build-gpu/tests/parity_tests --gtest_filter='*CUDA*'; build-gpu/tests/engine_tests; build-gpu/tests/optim_tests) \
-      > "$OUT/gpu_tests.log" 2>&1
-    grep -E 'SLIDING|PARITY|PASSED|FAILED|SKIPPED|tests ran' "$OUT/gpu_tests.log" | head -40
+    gpu_tests 420
     run 120 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 5 ;;
   sweep)
     # Exact clipping, batch sweep: the critical batch size is where the step stops being bound by the CPU

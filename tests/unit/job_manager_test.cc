@@ -143,6 +143,9 @@ TEST(JobManager, ShutdownSuspendsTheRunningJobAndTheNextStartResumesIt) {
   EXPECT_EQ(WaitFinal(again, id).state, JobState::kSucceeded);
 }
 
+// Queued again, or already taken by the engine thread (the fake's gate holds it before its first step).
+bool Resumed(JobState s) { return s == JobState::kQueued || s == JobState::kPreparing; }
+
 // A job the daemon died under (its record says RUNNING at the start) is resumed, but only while runs make
 // progress: past max_interrupted_runs in a row without a newer checkpoint it fails with the reason.
 TEST(JobManager, AJobInterruptedTooOftenWithoutProgressFailsAtTheStart) {
@@ -158,7 +161,7 @@ TEST(JobManager, AJobInterruptedTooOftenWithoutProgressFailsAtTheStart) {
   store.Put(r);
   {
     JobManager m(WithMaxInterruptedRuns(Options(engine, store), 3));
-    EXPECT_EQ(m.Get(r.id).value().state, JobState::kQueued);
+    EXPECT_TRUE(Resumed(m.Get(r.id).value().state));
     EXPECT_EQ(m.Get(r.id).value().interrupted_runs, 3);
   }
   r.state = JobState::kRunning;  // ... and it died again
@@ -177,7 +180,7 @@ TEST(JobManager, AJobInterruptedTooOftenWithoutProgressFailsAtTheStart) {
   store.Put(r);
   engine.resume_steps["/ckpt/" + r.id] = 50;
   JobManager m(WithMaxInterruptedRuns(Options(engine, store), 3));
-  EXPECT_EQ(m.Get(r.id).value().state, JobState::kQueued);
+  EXPECT_TRUE(Resumed(m.Get(r.id).value().state));
   EXPECT_EQ(m.Get(r.id).value().interrupted_runs, 1);
   EXPECT_EQ(m.Get(r.id).value().interrupted_at_step, 50);
 }
