@@ -231,8 +231,17 @@ int main(int argc, char** argv) {
   // both schedules (a job is past that after its first few steps; at most SLIDE_WARMUP_STEPS, default 6).
   const int64_t max_warmup = std::max<int64_t>(1, env_int("SLIDE_WARMUP_STEPS", 6));
   int64_t warmup = 0;
+  // A step's error ends the benchmark with it (the trainer returns statuses, not exceptions).
+  auto step = [&](int64_t seed) {
+    StatusOr<StepStats> st = trainer.Step(batch_for(seed));
+    if (!st.ok()) {
+      std::fprintf(stderr, "sliding_bench: step failed: %s\n", st.status().ToString().c_str());
+      std::exit(1);
+    }
+    return st.value();
+  };
   do {
-    trainer.Step(batch_for(warmup == 0 ? 0 : steps + warmup));  // seeds apart from the timed steps' 1..steps
+    step(warmup == 0 ? 0 : steps + warmup);  // seeds apart from the timed steps' 1..steps
     ++warmup;
   } while (warmup < max_warmup && !trainer.schedule_settled());
   std::fprintf(stderr, "sliding_bench: %lld warm-up steps done at %.1f s\n", (long long)warmup, since_start());
@@ -249,7 +258,7 @@ int main(int argc, char** argv) {
   PhaseMemory phases;  // the largest of each phase over the timed steps
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
-    loss = trainer.Step(batch_for(s)).loss;
+    loss = step(s).loss;
     phases.Include(trainer.last_phase_memory());
     const auto& b = trainer.last_busy();
     sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,

@@ -751,7 +751,31 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
   return x;
 }
 
-double SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
+namespace {
+// The trainer's boundary: LibTorch's and the workers' exceptions become statuses (out of memory: RESOURCE_EXHAUSTED).
+template <typename F>
+auto Guarded(F&& body) -> StatusOr<decltype(body())> {
+  try {
+    return body();
+  } catch (const c10::OutOfMemoryError& e) {
+    return ResourceExhausted(std::string("out of device memory: ") + e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return Internal(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+}  // namespace
+
+StatusOr<StepStats> SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
+  return Guarded([&] { return RunStep(micro_batches); });
+}
+
+StatusOr<double> SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
+  return Guarded([&] { return RunEval(micro_batches); });
+}
+
+double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
   // The next step's time is not its schedule's: this forward takes the ring, so that step loads from staging after
@@ -807,7 +831,7 @@ class PhasePeakProbe {
 };
 }  // namespace
 
-StepStats SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
+StepStats SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   CancelRingOnThrow guard([this] { CancelWeightRing(); });
   CheckUpdates();

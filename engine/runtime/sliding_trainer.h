@@ -158,9 +158,13 @@ class SlidingTrainer {
                                                           MemoryPlan* plan = nullptr);
   ~SlidingTrainer();
 
-  StepStats Step(const std::vector<MicroBatch>& micro_batches);
+  // One optimizer step over `micro_batches` (accumulated). Its errors (a micro-batch larger than planned, a failed
+  // update or NVMe transfer, device memory exhausted: RESOURCE_EXHAUSTED) come back as a status: nothing thrown
+  // inside the trainer, on this thread or an update worker's, leaves it. After an error the trainer is not stepped
+  // again (the job fails).
+  StatusOr<StepStats> Step(const std::vector<MicroBatch>& micro_batches);
   // Mean token loss over `micro_batches` with the current weights (forward only, sliding like a step).
-  double EvalLoss(const std::vector<MicroBatch>& micro_batches);
+  StatusOr<double> EvalLoss(const std::vector<MicroBatch>& micro_batches);
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
@@ -232,6 +236,8 @@ class SlidingTrainer {
   // The weights-only pass of layer `unit` (chunk -1; tracked by the worker as EarlyUnit) or of chunk `chunk` of the
   // embedding or the head (EdgeChunkUnit) into ring ticket `ticket`.
   void PostWeightsOnly(size_t unit, int64_t chunk, const AdamWStepArgs& args, int64_t ticket);
+  StepStats RunStep(const std::vector<MicroBatch>& micro_batches);  // Step's body: may throw
+  double RunEval(const std::vector<MicroBatch>& micro_batches);     // EvalLoss's body: may throw
   static std::string WeightsPassName(size_t unit, int64_t chunk);
   size_t EarlyUnit(size_t unit) const { return layout_.units.size() + unit; }
   size_t EdgeChunkUnit(bool head, int64_t chunk) const {

@@ -208,7 +208,8 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvir
                                 ") leaves no held-out sequences to evaluate");
     const int64_t micro = MicroBatchSize(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec.model_dir, cfg, c10::kFloat));
-    SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved, ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, cuda, 1)));
+    SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
+                           ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, cuda, 1)));
     SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), resolved));
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
   } catch (const c10::Error& e) {
@@ -527,7 +528,7 @@ Status TrainingRun::Train() {
     }
     std::vector<MicroBatch> mbs;
     for (int64_t a = 0; a < accum_; ++a) mbs.push_back(ToMicroBatch(ds_.train, order_->Next(micro_)));
-    StepStats st = trainer_->Step(mbs);
+    SLIDE_ASSIGN_OR_RETURN(StepStats st, trainer_->Step(mbs));
     result_.steps = st.step;
     result_.final_loss = st.loss;
     ReportStep(st);
@@ -545,7 +546,7 @@ Status TrainingRun::Train() {
 
 Status TrainingRun::Finish() {
   if (!ds_.eval.empty()) {
-    result_.eval_loss = trainer_->EvalLoss(HeldOutBatches(ds_, micro_));
+    SLIDE_ASSIGN_OR_RETURN(result_.eval_loss, trainer_->EvalLoss(HeldOutBatches(ds_, micro_)));
     if (!std::isfinite(result_.eval_loss))
       return DataLoss("the held-out loss is not finite (" + std::to_string(result_.eval_loss) +
                       "); the job stops without exporting");

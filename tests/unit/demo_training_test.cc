@@ -62,11 +62,12 @@ TEST(DemoTraining, LossFallsAndTheExportReloads) {
 
   BatchOrder order(static_cast<int64_t>(ds.train.size()), 1);
   std::vector<double> losses;
-  for (int step = 0; step < 60; ++step) losses.push_back(trainer.Step({ToBatch(ds.train, order.Next(16))}).loss);
+  for (int step = 0; step < 60; ++step)
+    losses.push_back(trainer.Step({ToBatch(ds.train, order.Next(16))}).value().loss);
   ModelParams trained = trainer.Master();
   const double eval_after = EvalLoss(cfg, trained, eval);
   // The sliding evaluation (forward only, weights streamed through the slots) gives the same number.
-  EXPECT_NEAR(trainer.EvalLoss({eval}), eval_after, 1e-5 * eval_after);
+  EXPECT_NEAR(trainer.EvalLoss({eval}).value(), eval_after, 1e-5 * eval_after);
   std::printf("DEMO loss %.3f -> %.3f over 60 steps; held-out %.3f -> %.3f\n", losses.front(), losses.back(),
               eval_before, eval_after);
   EXPECT_LT(losses.back(), 0.5 * losses.front());

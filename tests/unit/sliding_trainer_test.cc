@@ -48,7 +48,7 @@ std::vector<MicroBatch> Batch(int64_t step, int64_t accum, int64_t vocab, c10::D
 // One step of `a` and of `b` on step `step`'s batch (CPU): the same loss and gradient norm, bit for bit.
 void StepAlike(SlidingTrainer& a, SlidingTrainer& b, int64_t step, int64_t accum, int64_t vocab) {
   auto mbs = Batch(step, accum, vocab, c10::Device(c10::kCPU));
-  StepStats sa = a.Step(mbs), sb = b.Step(mbs);
+  StepStats sa = a.Step(mbs).value(), sb = b.Step(mbs).value();
   EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
   EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
 }
@@ -136,7 +136,7 @@ void RunEquivalence(const Case& c, c10::Device device) {
     auto mbs = Batch(s, c.accum, cfg.vocab_size, device);
     if (c.alternate_schedule)
       slide.set_weights_first(s % 4 == 1 || s % 4 == 2 ? WeightsFirst::kOff : WeightsFirst::kOn);
-    StepStats a = ref.Step(mbs), b = slide.Step(mbs);
+    StepStats a = ref.Step(mbs), b = slide.Step(mbs).value();
     EXPECT_EQ(a.step, b.step);
     EXPECT_EQ(a.lr, b.lr);
     const double dl = std::abs(a.loss - b.loss) / a.loss, dn = std::abs(a.grad_norm - b.grad_norm) / a.grad_norm;
@@ -441,7 +441,7 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
       EXPECT_EQ(b.last_busy().weights_first, v.eligible > 0);
       if (s == 1) {  // the evaluation's forward reads the ring
         const auto mbs = Batch(s, v.accum, cfg.vocab_size, cpu);
-        EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));
+        EXPECT_EQ(a.EvalLoss(mbs).value(), b.EvalLoss(mbs).value());
       }
       if (s == 3) {  // a checkpoint's wait: the ring is cancelled with passes still waiting for their buffers
         a.WaitForUpdates();
@@ -534,7 +534,7 @@ TEST(SlidingTrainer, WeightsFirstSendsTheEmbeddingAndTheHeadInChunks) {
       StepAlike(a, b, s, accum, cfg.vocab_size);
       if (s == 1) {  // the evaluation's forward reads the ring; step 2's loads come from staging
         const auto mbs = Batch(s, accum, cfg.vocab_size, cpu);
-        EXPECT_EQ(a.EvalLoss(mbs), b.EvalLoss(mbs));
+        EXPECT_EQ(a.EvalLoss(mbs).value(), b.EvalLoss(mbs).value());
       }
     }
     // Forwards on the ring: steps 1 and 3 and the evaluation, 3 chunks of each edge unit in each.
@@ -568,7 +568,7 @@ TEST(SlidingTrainer, WeightsFirstRunsOnlyWhereItCan) {
     so.weights_first = v.mode;
     SlidingTrainer t(cfg, params, so);
     for (int64_t s = 0; s < 3; ++s) {
-      t.Step(Batch(s, 1, cfg.vocab_size, cpu));
+      t.Step(Batch(s, 1, cfg.vocab_size, cpu)).value();
       EXPECT_EQ(t.last_busy().weights_first, v.expected) << "step " << s;
     }
     EXPECT_EQ(t.ring_loads(), v.expected ? 2 * 4 : 0);
@@ -674,10 +674,10 @@ TEST(SlidingTrainer, NoDeviceAllocationAfterTheFirstStepAndWithinBudget_CUDA) {
   const int64_t budget = int64_t(256) << 20;
   SlidingTrainer trainer(fx.config, init,
                          {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1, .device_budget_bytes = budget});
-  trainer.Step(Batch(0, 2, fx.config.vocab_size, cuda));
+  trainer.Step(Batch(0, 2, fx.config.vocab_size, cuda)).value();
   trainer.WaitForUpdates();
   const DeviceAllocatorStats first = ReadDeviceAllocatorStats();
-  for (int64_t s = 1; s <= 5; ++s) trainer.Step(Batch(s, 2, fx.config.vocab_size, cuda));
+  for (int64_t s = 1; s <= 5; ++s) trainer.Step(Batch(s, 2, fx.config.vocab_size, cuda)).value();
   trainer.WaitForUpdates();
   const DeviceAllocatorStats last = ReadDeviceAllocatorStats();
   std::printf("SLIDING allocator: reserved %lld -> %lld bytes, device allocations %lld -> %lld, peak %lld%s\n",
@@ -703,7 +703,7 @@ TEST(SlidingTrainer, MeasuresEachPhasesPeakDeviceMemory_CUDA) {
   ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
   SlidingTrainer trainer(fx.config, init,
                          {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1, .measure_phase_memory = true});
-  trainer.Step(Batch(0, 1, fx.config.vocab_size, cuda));
+  trainer.Step(Batch(0, 1, fx.config.vocab_size, cuda)).value();
   trainer.WaitForUpdates();
   const PhaseMemory p = trainer.last_phase_memory();
   std::printf("SLIDING phases: start %lld forward %lld head %lld layers %lld embedding %lld update %lld\n",
@@ -718,7 +718,7 @@ TEST(SlidingTrainer, MeasuresEachPhasesPeakDeviceMemory_CUDA) {
   EXPECT_GT(p.update, 0);
 
   SlidingTrainer unmeasured(fx.config, init, {.train = Options(c10::kBFloat16, 1.0, cuda), .window = 1});
-  unmeasured.Step(Batch(0, 1, fx.config.vocab_size, cuda));
+  unmeasured.Step(Batch(0, 1, fx.config.vocab_size, cuda)).value();
   EXPECT_EQ(unmeasured.last_phase_memory().Max(), 0);
 }
 
@@ -728,8 +728,8 @@ TEST(SlidingTrainer, ReusesSlotsWhenTheWindowHoldsTheModel) {
   TrainerOptions o = Options(c10::kFloat, 1.0, c10::Device(c10::kCPU));
   SlidingTrainer big(fx.config, init, {.train = o, .window = 2});
   SlidingTrainer small(fx.config, init, {.train = o, .window = 1});
-  big.Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU)));
-  small.Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU)));
+  big.Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU))).value();
+  small.Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU))).value();
   // 2 layers: a 2-slot window loads each once per step (+2 edge units); 1 slot reloads layer 0 in backward.
   EXPECT_EQ(big.slot_loads(), 4);
   EXPECT_EQ(small.slot_loads(), 5);
@@ -754,9 +754,10 @@ TEST(SlidingTrainer, CreatePlansWithinBudgetAndRefusesWhatCannotFit) {
   auto trainer = testing::ValueOrDie(SlidingTrainer::Create(
       fx.config, testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat)), {.train = o}, r, &plan));
   EXPECT_EQ(plan.window, 2);  // the whole (2-layer) model fits
-  trainer->Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU)));
+  trainer->Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU))).value();
   at::Tensor big = at::zeros({4, 16}, at::kLong);
-  EXPECT_THROW(trainer->Step({{big, big}}), c10::Error);  // 64 tokens > the planned 32
+  const auto too_big = trainer->Step({{big, big}});  // 64 tokens > the planned 32: an error, not an exception
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInternal);
 }
 
 // A trainer built from a plan streams its share only while the plan keeps the layer inputs on the device: parked
@@ -786,7 +787,7 @@ TEST(SlidingTrainer, CreateStreamsNothingWhereThePlanParksLayerInputs) {
     EXPECT_EQ(plan.streamed_ring_bytes, parked ? 0 : so.DeviceUpdateRingBytes());
     double streamed_seconds = 0;
     for (int64_t s = 0; s < 2; ++s) {
-      trainer->Step(Batch(s, 1, cfg.vocab_size, c10::Device(c10::kCPU)));
+      trainer->Step(Batch(s, 1, cfg.vocab_size, c10::Device(c10::kCPU))).value();
       streamed_seconds += trainer->last_busy().device_update;
     }
     EXPECT_EQ(streamed_seconds > 0, !parked);
