@@ -1,4 +1,5 @@
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/torch_status.h"
 #include "engine/runtime/trainer_resolver.h"
 
 #include <ATen/ATen.h>
@@ -751,28 +752,12 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
   return x;
 }
 
-namespace {
-// The trainer's boundary: LibTorch's and the workers' exceptions become statuses (out of memory: RESOURCE_EXHAUSTED).
-template <typename F>
-auto Guarded(F&& body) -> StatusOr<decltype(body())> {
-  try {
-    return body();
-  } catch (const c10::OutOfMemoryError& e) {
-    return ResourceExhausted(std::string("out of device memory: ") + e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return Internal(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return Internal(e.what());
-  }
-}
-}  // namespace
-
 StatusOr<StepStats> SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
-  return Guarded([&] { return RunStep(micro_batches); });
+  return StatusFromExceptions<StepStats>([&] { return RunStep(micro_batches); });
 }
 
 StatusOr<double> SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
-  return Guarded([&] { return RunEval(micro_batches); });
+  return StatusFromExceptions<double>([&] { return RunEval(micro_batches); });
 }
 
 double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches) {

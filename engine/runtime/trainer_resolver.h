@@ -13,9 +13,9 @@
 namespace slide {
 
 struct ResolvedTrainer {
-  PlanRequest request;     // what the planner was asked last
-  MemoryPlan plan;         // what it answered: the window, the placement, resident layers, the totals
-  SlidingOptions options;  // `requested` with the plan applied: window, placement, resident layers, share, tier
+  PlanRequest request;         // what the planner was asked last
+  MemoryPlan plan;             // what it answered: the window, the placement, resident layers, the totals
+  SlidingOptions options;      // `requested` with the plan applied: window, placement, resident layers, share, tier
   int64_t planned_tokens = 0;  // micro_batch x seq_len: a step with more tokens would outgrow the plan
 };
 

@@ -18,6 +18,7 @@
 #include "engine/model/hf_checkpoint.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/torch_status.h"
 #include "engine/runtime/trainer_resolver.h"
 #include "engine/runtime/training_checkpoint.h"
 
@@ -199,7 +200,7 @@ std::vector<MicroBatch> HeldOutBatches(const Dataset& ds, int64_t micro) {
 StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvironment& env) {
   SLIDE_RETURN_IF_ERROR(CheckJob(spec, env));
   ScopedFileConfinement confine(ConfinementRoots(env));
-  try {
+  return StatusFromExceptions<double>([&]() -> StatusOr<double> {
     const bool cuda = UsesCuda(spec);
     SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
     SLIDE_ASSIGN_OR_RETURN(Dataset ds, LoadJobDataset(spec, cfg));
@@ -212,11 +213,7 @@ StatusOr<double> EvaluateHeldOutLoss(const TrainingJobSpec& spec, const JobEnvir
                            ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, cuda, 1)));
     SLIDE_ASSIGN_OR_RETURN(auto trainer, SlidingTrainer::Create(cfg, std::move(master), resolved));
     return trainer->EvalLoss(HeldOutBatches(ds, micro));
-  } catch (const c10::Error& e) {
-    return Internal(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return Internal(e.what());
-  }
+  });
 }
 
 StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvironment& env) {
@@ -574,7 +571,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const JobEn
   auto output = OutputDirectory::Open(spec.output_dir, env.allowed_roots);
   if (!output.ok()) return output.status().WithContext("job field 'output_dir'");
   ScopedFileConfinement confine(ConfinementRoots(env));
-  try {
+  return StatusFromExceptions<TrainingResult>([&]() -> StatusOr<TrainingResult> {
     TrainingRun run(spec, env, output.value(), cb, cancel, suspend);
     if (Status prepared = run.Prepare(); !prepared.ok()) {
       if (prepared.code() != StatusCode::kUnavailable || prepared.message() != kSuspendedWhilePreparing)
@@ -586,13 +583,7 @@ StatusOr<TrainingResult> RunTrainingJob(const TrainingJobSpec& spec, const JobEn
     SLIDE_RETURN_IF_ERROR(run.Train());
     if (!run.result().suspended) SLIDE_RETURN_IF_ERROR(run.Finish());
     return run.result();
-  } catch (const c10::OutOfMemoryError& e) {
-    return ResourceExhausted(std::string("out of memory: ") + e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return Internal(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return Internal(e.what());
-  }
+  });
 }
 
 }  // namespace slide

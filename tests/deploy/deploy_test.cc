@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 const fs::path kRoot = SLIDE_SOURCE_DIR;
 const fs::path kDeploy = kRoot / "deploy";
 
-// A path the compose file names, relative to deploy/: there, or a template (NAME.example) docs/operating.md says to copy.
+// A path the compose file names, relative to deploy/: there, or a template (NAME.example) docs/operating.md says to
+// copy.
 void ExpectExists(const std::string& what, const std::string& path) {
   const fs::path p = kDeploy / path;
   EXPECT_TRUE(fs::exists(p) || fs::exists(p.string() + ".example")) << what << " names " << p << ", which is missing";

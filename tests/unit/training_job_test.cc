@@ -509,15 +509,21 @@ TEST(TrainingJob, SuspendRightAfterACheckpointDoesNotRewriteIt) {
   EXPECT_TRUE(std::filesystem::exists(out.File("ckpt/step-00000004/optimizer.safetensors")));
 }
 
-TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
-  JobEnvironment env;  // what the daemon would set
-  testing::TempDir out;
+// A 4-step demo job suspended after step 2, its checkpoint in `out`/ckpt (`env` names it).
+TrainingJobSpec SuspendedAtStepTwo(const testing::TempDir& out, JobEnvironment& env) {
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 4;
   env.checkpoint_dir = out.File("ckpt");
   std::atomic<bool> suspend{false};
   TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
-  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend)).suspended);
+  EXPECT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend)).suspended);
+  return spec;
+}
+
+TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
+  JobEnvironment env;  // what the daemon would set
+  testing::TempDir out;
+  const TrainingJobSpec spec = SuspendedAtStepTwo(out, env);
 
   TrainingJobSpec other = spec;
   other.batch_size = 8;  // a different job must not pick this checkpoint up
@@ -542,12 +548,7 @@ TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
 TEST(TrainingJob, CheckpointClaimingTooManyStepsOrHoldingNaNIsRefused) {
   JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
-  TrainingJobSpec spec = DemoSpec(out);
-  spec.steps = 4;
-  env.checkpoint_dir = out.File("ckpt");
-  std::atomic<bool> suspend{false};
-  TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
-  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(spec, env, cb, nullptr, &suspend)).suspended);
+  const TrainingJobSpec spec = SuspendedAtStepTwo(out, env);
   const std::string state = out.File("ckpt/step-00000002/state.json");
   const std::string tensors = out.File("ckpt/step-00000002/optimizer.safetensors");
   std::filesystem::copy_file(state, out.File("state.json.good"));
