@@ -41,6 +41,13 @@
 #                            first automatic (STREAM_RUNS="shape:batch:share:checkpoints ...", resident layers automatic)
 #   bench/run_gpu.sh engine2 build, CUDA engine tests, the HF one-layer reference, 8B/3B with step traces
 #                            (trace_summary.py lines in bench.jsonl), other families from bench/configs/
+#   bench/run_gpu.sh ab-build before/after on one box: unpacks BASE (a `git archive` tarball of the old tree, default
+#                            .gl/base.tar.gz, carried) and builds its sliding_bench into build-gpu-base/ beside this
+#                            tree's build-gpu/, then runs every GPU test (ctest -L gpu) of this tree
+#   bench/run_gpu.sh ab      the old tree's sliding_bench (labelled BASE_COMMIT) and this tree's, alternating, at
+#                            AB_RUNS="shape:batch:checkpoints:weights-first:steps ..." (default the targets: 8B batch 48
+#                            with layer inputs on the host, weights first on; 3B batch 32, weights first automatic),
+#                            AB_ROUNDS times (default 2); run right after ab-build on the same warm machine
 set -uo pipefail
 phase=${1:-build}
 OUT=${OUT:-$PWD/gpu-out}
@@ -463,6 +470,35 @@ PY
       traced $spec
     done
     rm -f "$OUT"/trace-*.json ;;
+  ab-build)
+    start=$SECONDS
+    rm -rf build-gpu-base && mkdir -p build-gpu-base/src && tar xzf "${BASE:-.gl/base.tar.gz}" -C build-gpu-base/src
+    ( cmake -S build-gpu-base/src -B build-gpu-base/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIDE_BUILD_TESTS=OFF \
+        > "$OUT/cmake-base.log" 2>&1 &&
+      cmake --build build-gpu-base/b -j 8 --target sliding_bench > "$OUT/build-base.log" 2>&1
+      echo "base build rc=$? after $((SECONDS - start)) s" ) &
+    build_gpu model_tests engine_tests parity_tests optim_tests sliding_bench
+    echo "build ok after $((SECONDS - start)) s"
+    wait
+    gpu_tests "${GPU_TESTS_S:-360}"
+    echo "gpu tests done after $((SECONDS - start)) s" ;;
+  ab)
+    start=$SECONDS
+    base_commit=${BASE_COMMIT:?set BASE_COMMIT to the commit of the base tarball}
+    for round in $(seq "${AB_ROUNDS:-2}"); do
+      for spec in ${AB_RUNS:-llama-8b:48:host:on:3 llama-3b:32::auto:6}; do
+        IFS=: read -r shape b ck wf steps <<< "$spec"
+        for side in base new; do
+          bin=build-gpu/bench/sliding_bench label=$COMMIT
+          [ "$side" = base ] && bin=build-gpu-base/b/bench/sliding_bench label=$base_commit
+          if [ -n "$ck" ]; then export SLIDE_CHECKPOINTS=$ck; else unset SLIDE_CHECKPOINTS; fi
+          commit=$label
+          SLIDE_WEIGHTS_FIRST=$wf run 240 "$bin" "$shape" "$b" 1024 "$steps" 2 cuda 1.0
+          echo "round $round $side $shape $b done after $((SECONDS - start)) s"
+        done
+      done
+    done
+    commit=$COMMIT ;;
   build)
     gen="Unix Makefiles"; command -v ninja >/dev/null && gen=Ninja
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; lscpu | grep -E 'Model name|^CPU\(s\)|avx512f' | cut -c1-120; free -g; } > "$OUT/hardware.txt" 2>&1

@@ -1,8 +1,9 @@
-// DeviceQueue: the streams of one device and the ordering between them. On CUDA, host->device copies run on
-// an H2D stream, device->host copies on a D2H stream, and compute on the current stream, ordered by events:
-// a slot is overwritten only after the compute stream released it, compute uses a slot only after its load
-// landed, and a gradient is copied out only after the compute that produced it. On the CPU every call is a
-// plain synchronous copy. Busy time per resource comes from CUDA events (GPU time) or wall clock (CPU).
+// DeviceQueue: the streams of one device and the ordering between them, behind one interface with two
+// implementations. On CUDA (cuda_device_queue.cc) host->device copies run on an H2D stream, device->host copies on a
+// D2H stream, and compute on the current stream, ordered by events: a slot is overwritten only after the compute
+// stream released it, compute uses a slot only after its load landed, and a gradient is copied out only after the
+// compute that produced it; busy time comes from CUDA events. On the host (host_device_queue.cc, the device is
+// the CPU: tests and CI) every call is a plain synchronous copy timed by the wall clock.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,10 +11,11 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "engine/memory/pinned_host_pool.h"
 #include "engine/optim/cpu_adamw.h"
+#include "engine/optim/streamed_adamw.h"
 #include "engine/runtime/step_trace.h"
 
 namespace slide {
@@ -25,85 +27,63 @@ struct QueueBusy {
   double device_update = 0;  // streamed updates finished since the last call: upload to download, per unit
 };
 
-// One host-held unit's AdamW run on the device (DeviceQueue::StreamUpdate): its fp32 state in host memory, the
-// gradient and the compute-dtype weights the update writes (host; `out` may be the gradient's own buffer, as
-// each chunk's gradient is uploaded before its weights come back), all page-locked on CUDA, and the parameter
-// ranges [offset, offset + numel) with their own step arguments (weight decay differs per parameter).
-struct HostUnitUpdate {
-  at::Tensor master, exp_avg, exp_avg_sq;  // fp32 [n]
-  at::Tensor grad;                         // bf16 or fp32 [n]
-  at::Tensor out;                          // bf16 [n]
-  struct Range {
-    int64_t offset, numel;
-    AdamWStepArgs args;
-  };
-  std::vector<Range> ranges;
-};
-
 class DeviceQueue {
  public:
-  DeviceQueue(c10::Device device, int num_slots);
-  ~DeviceQueue();
+  virtual ~DeviceQueue() = default;
 
-  // Host memory the device copies from/to: whole aligned pages, page-locked with cudaHostRegister on CUDA (LibTorch's
-  // pinned allocator rounds each block up to a power of two), plain memory otherwise. Stays registered
-  // while this queue lives.
-  at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype);
-  int64_t pinned_bytes() const { return pinned_bytes_; }  // page-locked by AllocateHost so far (0 on the CPU)
+  // Host memory the device copies from/to (PinnedHostPool: page-locked on CUDA).
+  at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype) { return pool_.Allocate(numel, dtype); }
+  int64_t pinned_bytes() const { return pool_.locked_bytes(); }  // page-locked by AllocateHost (0 on the CPU)
 
   // Copies host `src` (pinned on CUDA) into the device buffer `dst` of `slot`, once compute has released the
   // slot's previous contents. `src` must stay unchanged until a later UseSlot(slot) compute has run.
   // `after_update` >= 0: the copy also waits for that unit's last streamed update to have written `src` back.
   // Returns a function (callable from any thread) that returns once the copy has read `src`.
-  std::function<void()> LoadSlot(int slot, at::Tensor dst, const at::Tensor& src, int64_t after_update = -1);
-  void UseSlot(int slot);      // compute waits for the slot's last load
-  void ReleaseSlot(int slot);  // compute enqueued so far is the last use of the slot's contents
+  virtual std::function<void()> LoadSlot(int slot, at::Tensor dst, const at::Tensor& src,
+                                         int64_t after_update = -1) = 0;
+  virtual void UseSlot(int slot) = 0;      // compute waits for the slot's last load
+  virtual void ReleaseSlot(int slot) = 0;  // compute enqueued so far is the last use of the slot's contents
 
   // Copies device `src` to host `dst` after the compute enqueued so far. Call the returned function (from any
   // thread) before reading `dst`.
-  std::function<void()> Offload(at::Tensor dst, const at::Tensor& src);
+  virtual std::function<void()> Offload(at::Tensor dst, const at::Tensor& src) = 0;
 
   // Layer inputs kept in host memory between the forward and the backward, both copies asynchronous. Park: device
   // `src` into host `dst` (an Offload) once the last Unpark of `index` has read `dst`. Unpark: host `src` back into
   // the device buffer `dst` of `slot` (a LoadSlot: after compute released the slot's previous contents; compute
-  // waits for it through UseSlot) once index's Park has landed. On the CPU both are plain copies.
-  void Park(int64_t index, at::Tensor dst, const at::Tensor& src);
-  void Unpark(int64_t index, int slot, at::Tensor dst, const at::Tensor& src);
+  // waits for it through UseSlot) once index's Park has landed.
+  virtual void Park(int64_t index, at::Tensor dst, const at::Tensor& src) = 0;
+  virtual void Unpark(int64_t index, int slot, at::Tensor dst, const at::Tensor& src) = 0;
 
-  // Streamed updates: the device runs AdamW for units whose state stays in host memory, adding the copy engines'
-  // bandwidth to the CPU's. Each unit goes through a ring of `ring` device buffers of `chunk` elements on an
-  // upload stream (state and gradient up, then the kernel) and a download stream (state and weights back); a
-  // chunk's buffer is reused only after its download. Call once, before the first StreamUpdate.
-  void EnableStreamedUpdates(int64_t chunk, int ring, size_t num_units, SimdLevel simd);
+  // Streamed updates (streamed_adamw.h): each unit goes through a ring of `ring` device buffers of `chunk`
+  // elements (state and gradient up, then the kernel, then state and weights back); a chunk's buffer is reused
+  // only after its results are back. Call once, before the first StreamUpdate.
+  virtual void EnableStreamedUpdates(int64_t chunk, int ring, size_t num_units, SimdLevel simd) = 0;
   // Enqueues `update` of `unit` (on the CPU it runs the same chunks at once). Call from one thread at a time;
   // the host buffers must not be touched until SyncStreamedUpdates or a load that waited for the unit.
-  void StreamUpdate(size_t unit, const HostUnitUpdate& update);
-  void SyncStreamedUpdates();  // every streamed update has written back
+  virtual void StreamUpdate(size_t unit, const HostUnitUpdate& update) = 0;
+  virtual void SyncStreamedUpdates() = 0;  // every streamed update has written back
 
-  void BeginCompute();  // brackets a compute segment for busy-time accounting
-  void EndCompute();
+  virtual void BeginCompute() = 0;  // brackets a compute segment for busy-time accounting
+  virtual void EndCompute() = 0;
 
   // Busy time since the last call; waits for the device to finish. With `spans`, also each compute, H2D and D2H
   // segment on the host clock (lanes gpu.compute / gpu.h2d / gpu.d2h).
-  QueueBusy TakeBusy(std::vector<TraceSpan>* spans = nullptr);
+  virtual QueueBusy TakeBusy(std::vector<TraceSpan>* spans = nullptr) = 0;
+
+ protected:
+  explicit DeviceQueue(bool page_lock) : pool_(page_lock) {}
 
  private:
-  struct Cuda;
-  std::unique_ptr<Cuda> cuda_;
-  std::vector<void*> registered_;
-  int64_t pinned_bytes_ = 0;
-  QueueBusy cpu_busy_;
-  std::mutex cpu_update_mu_;          // cpu_busy_.device_update is added from the thread that streams updates
-  std::vector<TraceSpan> cpu_spans_;  // the CPU device's segments (wall clock), for TakeBusy
-  double compute_t0_ = 0;
-  // Streamed updates: the ring's device buffers (per slot: master, exp_avg, exp_avg_sq and gradient as fp32,
-  // the weights in bf16), the chunk size, and the CPU body's SIMD level for the CPU device.
-  void RunRanges(int slot, int64_t begin, int64_t len, const HostUnitUpdate& update);  // AdamW on a ring slot
-  c10::Device device_;
-  std::vector<at::Tensor> ring_state_, ring_grad_, ring_out_;
-  int64_t chunk_ = 0;
-  int64_t next_ring_slot_ = 0;
-  SimdLevel simd_ = SimdLevel::kScalar;
+  PinnedHostPool pool_;
 };
+
+// The queue for `device` with `num_slots` load slots: CUDA's, or the host's for the CPU. A CUDA device in a build
+// without CUDA throws.
+std::unique_ptr<DeviceQueue> MakeDeviceQueue(c10::Device device, int num_slots);
+
+// The implementations (host_device_queue.cc, cuda_device_queue.cc).
+std::unique_ptr<DeviceQueue> MakeHostDeviceQueue();
+std::unique_ptr<DeviceQueue> MakeCudaDeviceQueue(c10::Device device, int num_slots);
 
 }  // namespace slide

@@ -2,10 +2,6 @@
 
 namespace slide {
 
-bool WeightsFirstAllowed(const SlidingOptions& o) {
-  return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());
-}
-
 StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions requested, PlanRequest budget) {
   PlanRequest& r = budget;
   r.model = cfg;

@@ -8,7 +8,7 @@
 
 #include "engine/common/status.h"
 #include "engine/memory/memory_plan.h"
-#include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/sliding_options.h"
 
 namespace slide {
 
@@ -21,8 +21,5 @@ struct ResolvedTrainer {
 
 // RESOURCE_EXHAUSTED with needed against available when it cannot fit; INVALID_ARGUMENT for contradictory asks.
 StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions requested, PlanRequest budget);
-
-// Weights first may run: asked for, or automatic on CUDA (kAuto only ever turns it on there).
-bool WeightsFirstAllowed(const SlidingOptions& options);
 
 }  // namespace slide

@@ -1,0 +1,56 @@
+#include "engine/optim/unit_adamw.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/optim/tensor_adamw.h"
+
+namespace slide {
+
+AdamWStepArgs ParamStepArgs(const ParamSpec& spec, const AdamWStepArgs& unit_args) {
+  AdamWStepArgs a = unit_args;
+  if (!spec.weight_decay) a.hp.weight_decay = 0;
+  return a;
+}
+
+void HostUnitAdamW(const UnitLayout& unit, const HostUnitRange& r, const AdamWStepArgs& args, SimdLevel simd) {
+  const bool f32_grad = r.grad.scalar_type() == at::kFloat;
+  const bool write_bf16 = r.weights_out.scalar_type() == at::kBFloat16;
+  const int64_t end = r.begin + r.n;
+  for (const auto& spec : unit.params) {
+    const int64_t lo = std::max(r.begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
+    if (lo >= hi) continue;
+    AdamWSpan span;
+    span.param = r.master + (lo - r.begin);
+    span.exp_avg = r.exp_avg + (lo - r.begin);
+    span.exp_avg_sq = r.exp_avg_sq + (lo - r.begin);
+    if (f32_grad) {
+      span.grad_f32 = r.grad.data_ptr<float>() + lo;
+    } else {
+      span.grad_bf16 = reinterpret_cast<const c10::BFloat16*>(r.grad.data_ptr()) + lo;
+    }
+    if (write_bf16) span.out_bf16 = reinterpret_cast<c10::BFloat16*>(r.weights_out.data_ptr()) + lo;
+    if (r.weights_only_out != nullptr) {
+      span.out_bf16 = r.weights_only_out + (lo - r.begin);
+      span.weights_only = true;
+    }
+    span.n = hi - lo;
+    CpuAdamW(span, ParamStepArgs(spec, args), simd);
+  }
+  if (r.weights_only_out != nullptr) return;
+  // fp32 compute with its own weights buffer (CUDA, or a master on disk): the forward loads a copy of the master.
+  const bool copy_f32 = !write_bf16 && r.weights_out.data_ptr<float>() + r.begin != r.master;
+  if (copy_f32) std::memcpy(r.weights_out.data_ptr<float>() + r.begin, r.master, r.n * sizeof(float));
+}
+
+void DeviceUnitAdamW(const UnitLayout& unit, const at::Tensor& master, const at::Tensor& exp_avg,
+                     const at::Tensor& exp_avg_sq, const at::Tensor& grad, const at::Tensor& weights_bf16,
+                     const AdamWStepArgs& args, SimdLevel simd) {
+  for (const auto& spec : unit.params) {
+    auto part = [&](const at::Tensor& t) { return t.narrow(0, spec.offset, spec.numel); };
+    TensorAdamW(part(master), part(exp_avg), part(exp_avg_sq), part(grad),
+                weights_bf16.defined() ? part(weights_bf16) : at::Tensor(), ParamStepArgs(spec, args), simd);
+  }
+}
+
+}  // namespace slide

@@ -1,0 +1,95 @@
+// The device is the CPU (tests, CI, the demo): every copy and update runs at once on the calling thread; busy
+// times and trace spans are wall clock.
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "engine/runtime/device_queue.h"
+
+namespace slide {
+namespace {
+
+class HostDeviceQueue final : public DeviceQueue {
+ public:
+  HostDeviceQueue() : DeviceQueue(/*page_lock=*/false) {}
+
+  std::function<void()> LoadSlot(int, at::Tensor dst, const at::Tensor& src, int64_t) override {
+    Copy(dst, src, "gpu.h2d", "h2d", busy_.h2d);
+    return [] {};
+  }
+  void UseSlot(int) override {}
+  void ReleaseSlot(int) override {}
+  std::function<void()> Offload(at::Tensor dst, const at::Tensor& src) override {
+    Copy(dst, src, "gpu.d2h", "d2h", busy_.d2h);
+    return [] {};
+  }
+  void Park(int64_t, at::Tensor dst, const at::Tensor& src) override { Offload(std::move(dst), src); }
+  void Unpark(int64_t, int slot, at::Tensor dst, const at::Tensor& src) override {
+    LoadSlot(slot, std::move(dst), src, -1);
+  }
+
+  void EnableStreamedUpdates(int64_t chunk, int ring, size_t, SimdLevel simd) override {
+    TORCH_CHECK(!ring_, "streamed updates are already enabled");
+    ring_.emplace(c10::Device(c10::kCPU), chunk, ring, simd);
+  }
+  // The same chunks through the same ring as on a device, so the result is the CUDA path's bit for bit.
+  void StreamUpdate(size_t, const HostUnitUpdate& u) override {
+    TORCH_CHECK(ring_, "streamed updates are not enabled");
+    const double t0 = TraceNow();
+    const int64_t n = u.master.numel(), chunk = ring_->chunk();
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t len = std::min(chunk, n - b);
+      const int r = ring_->NextSlot();
+      at::Tensor& state = ring_->state(r);
+      state.narrow(0, 0, len).copy_(u.master.narrow(0, b, len));
+      state.narrow(0, chunk, len).copy_(u.exp_avg.narrow(0, b, len));
+      state.narrow(0, 2 * chunk, len).copy_(u.exp_avg_sq.narrow(0, b, len));
+      ring_->grad(r, u.grad.scalar_type()).narrow(0, 0, len).copy_(u.grad.narrow(0, b, len));
+      ring_->Run(r, b, len, u);
+      u.master.narrow(0, b, len).copy_(state.narrow(0, 0, len));
+      u.exp_avg.narrow(0, b, len).copy_(state.narrow(0, chunk, len));
+      u.exp_avg_sq.narrow(0, b, len).copy_(state.narrow(0, 2 * chunk, len));
+      if (u.out.defined()) u.out.narrow(0, b, len).copy_(ring_->out(r).narrow(0, 0, len));
+    }
+    std::lock_guard<std::mutex> lock(update_mu_);
+    busy_.device_update += TraceNow() - t0;
+  }
+  void SyncStreamedUpdates() override {}
+
+  void BeginCompute() override { compute_t0_ = TraceNow(); }
+  void EndCompute() override {
+    const double t1 = TraceNow();
+    busy_.compute += t1 - compute_t0_;
+    spans_.push_back({"gpu.compute", "compute", compute_t0_, t1});
+  }
+
+  QueueBusy TakeBusy(std::vector<TraceSpan>* spans) override {
+    if (spans != nullptr) spans->insert(spans->end(), spans_.begin(), spans_.end());
+    spans_.clear();
+    std::lock_guard<std::mutex> lock(update_mu_);
+    return std::exchange(busy_, QueueBusy{});
+  }
+
+ private:
+  void Copy(at::Tensor& dst, const at::Tensor& src, const char* lane, const char* name, double& busy) {
+    const double t0 = TraceNow();
+    dst.copy_(src);
+    const double t1 = TraceNow();
+    busy += t1 - t0;
+    spans_.push_back({lane, name, t0, t1});
+  }
+
+  std::optional<AdamWRing> ring_;
+  QueueBusy busy_;
+  std::mutex update_mu_;           // busy_.device_update is added from the thread that streams updates
+  std::vector<TraceSpan> spans_;  // the engine thread's segments, for TakeBusy
+  double compute_t0_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceQueue> MakeHostDeviceQueue() { return std::make_unique<HostDeviceQueue>(); }
+
+}  // namespace slide

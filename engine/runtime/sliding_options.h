@@ -1,0 +1,70 @@
+// SlidingOptions: how a sliding trainer is built and scheduled (window, where layer inputs park, resident layers,
+// the NVMe tier, streamed updates, weights first). ResolveTrainer (trainer_resolver.h) derives them from a job's
+// knobs and budgets; tests and benchmarks may set them directly.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/io/state_tier.h"
+#include "engine/runtime/reference_trainer.h"
+
+namespace slide {
+
+// Under exact clipping every update waits for the backward's global norm, and the next forward waits for the
+// updates. Weights first: a weights-only AdamW pass (master, moments and gradient read, the bf16 weights written:
+// 16 bytes an element) computes each host layer's next weights in forward order and hands them to the device
+// through a ring of window + 1 page-locked layer buffers; the whole update (30 bytes) follows in reverse layer
+// order, behind the next forward and ahead of the backward that reloads those layers and lands their new
+// gradients. The forward waits for the short pass only; the CPU moves ~1.5x the bytes a step, so it pays when the
+// device's compute can hide both passes. Bit-identical to the whole update either way.
+enum class WeightsFirst {
+  kAuto,  // on CUDA, by measured step times (WeightsFirstPolicy)
+  kOn,    // whenever clipping with bf16 compute (tests)
+  kOff,
+};
+
+struct SlidingOptions {
+  TrainerOptions train;              // optimizer, schedule, clipping, compute dtype (bf16|fp32), device
+  int64_t window = 2;                // layer slots on the device (>= 1)
+  bool checkpoints_on_host = false;  // layer inputs parked in host memory instead of on the device
+  int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
+  bool trace = false;                // keep each step's timeline (last_trace)
+  StateTierOptions nvme{};           // mode none: all optimizer state in host memory
+  // Layers [0, resident_layers) stay on the device with their fp32 master, moments and gradient, and are
+  // updated there by the AdamW kernel (bit-equal to the CPU update): they never load, never return a gradient
+  // and cost the CPU update nothing. Not with the NVMe tier. The planner chooses it (PlanRequest).
+  int64_t resident_layers = 0;
+  // Of the layers left on the host, this share (spread evenly over them in forward order) is updated on the
+  // device: chunks of the fp32 state and the gradient stream up, the AdamW kernel runs, the results stream back,
+  // while the CPU updates the others, so the copy engines add their bandwidth to the CPU's. bf16 compute, no NVMe
+  // tier. 0: every host unit updates on the CPU. Only in whole-update steps: a step going weights first
+  // updates them on the CPU (streaming beside the weights-only passes slowed the step).
+  double device_update_share = 0;
+  int64_t device_update_chunk = int64_t(2) << 20;  // elements per ring buffer (3 buffers, 18 bytes per element)
+  int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
+  // Layers eligible: host-held (not resident or on the NVMe tier; streamed layers join, updated on the CPU in such
+  // steps); bf16 compute with clipping only.
+  WeightsFirst weights_first = WeightsFirst::kAuto;
+  // The host-held fp32 master, moments and gradient sums in their own mappings (HostArray), advised for
+  // transparent huge pages; off: advised against them (small pages even where THP is "always").
+  bool host_huge_pages = true;
+  // Measure each phase's peak device memory in every step (last_phase_memory; CUDA only). Restarts the caching
+  // allocator's peak counter at each phase, so the process-wide peak it keeps is lost (benchmarks and tests).
+  bool measure_phase_memory = false;
+};
+
+// Weights first may run: asked for, or automatic on CUDA (kAuto only ever turns it on there).
+inline bool WeightsFirstAllowed(const SlidingOptions& o) {
+  return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());
+}
+
+// The share GPU jobs stream (bf16, no NVMe tier); how it was chosen: bench/RESULTS.md, "Streamed updates".
+inline constexpr double kDefaultDeviceUpdateShare = 0.3;
+
+// The share a trainer built from a plan streams: none where the plan parks the layer inputs on the host (their
+// copies share the PCIe link with the streamed state, and there the share slowed the step: bench/RESULTS.md).
+inline double PlannedDeviceUpdateShare(double requested, bool checkpoints_on_host) {
+  return checkpoints_on_host ? 0 : requested;
+}
+
+}  // namespace slide

@@ -1,0 +1,221 @@
+#include "engine/runtime/unit_store.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "engine/memory/host_array.h"
+#include "engine/runtime/device_queue.h"
+
+namespace slide {
+namespace {
+
+// Placements by the options: resident layers first, the tier's units, then every k-th remaining host layer streamed
+// by the share (the share of the first m host layers is floor(m * share): a layer streams when that count steps up).
+std::vector<Placement> Placements(const ModelLayout& layout, const SlidingOptions& o,
+                                  const std::vector<int64_t>& tier_index) {
+  std::vector<Placement> p(layout.units.size(), Placement::kHost);
+  for (size_t u = 0; u < p.size(); ++u) {
+    if (u >= 1 && u <= static_cast<size_t>(o.resident_layers)) p[u] = Placement::kResident;
+    if (!tier_index.empty() && tier_index[u] >= 0) p[u] = Placement::kTier;
+  }
+  if (o.device_update_share > 0) {
+    int64_t host_layers = 0;
+    for (int64_t i = 0; i < layout.num_layers(); ++i) {
+      if (p[1 + i] == Placement::kResident) continue;
+      if (std::floor((host_layers + 1) * o.device_update_share) > std::floor(host_layers * o.device_update_share))
+        p[1 + i] = Placement::kStreamed;
+      ++host_layers;
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StateTier>> UnitStore::OpenTier(const ModelLayout& layout, const SlidingOptions& options) {
+  if (options.nvme.mode == TierMode::kNone) return std::unique_ptr<StateTier>();
+  SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> index, TierUnitIndex(layout.num_layers(), options.nvme));
+  std::vector<int64_t> numel;
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    if (index[u] >= 0) numel.push_back(layout.units[u].numel);
+  return StateTier::Open(options.nvme, numel);
+}
+
+UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, DeviceQueue& queue,
+                     std::unique_ptr<StateTier> tier)
+    : layout_(master_fp32.layout), options_(options), queue_(queue), tier_(std::move(tier)) {
+  const auto dtype = options.train.compute_dtype;
+  const bool on_cuda = options.train.device.is_cuda();
+  std::vector<int64_t> tier_index;
+  if (options.nvme.mode != TierMode::kNone) {
+    auto index = TierUnitIndex(layout_.num_layers(), options.nvme);
+    TORCH_CHECK(index.ok(), index.status().ToString());
+    tier_index = std::move(index).value();
+    if (!tier_) {
+      auto opened = OpenTier(layout_, options);
+      TORCH_CHECK(opened.ok(), opened.status().ToString());
+      tier_ = std::move(opened).value();
+    }
+  }
+  TORCH_CHECK(!tier_ || static_cast<int64_t>(tier_->units()) ==
+                            std::count_if(tier_index.begin(), tier_index.end(), [](int64_t i) { return i >= 0; }),
+              "the NVMe tier given was opened for other units than options.nvme names");
+  TORCH_CHECK(options.resident_layers >= 0 && options.resident_layers <= layout_.num_layers(),
+              "resident layers must be between 0 and the layer count");
+  TORCH_CHECK(!tier_ || options.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
+  const double share = options.device_update_share;
+  TORCH_CHECK(share >= 0 && share <= 1, "device_update_share must be in [0, 1]");
+  TORCH_CHECK(share == 0 || dtype == c10::kBFloat16, "streamed updates need bf16 compute");
+  TORCH_CHECK(share == 0 || !tier_, "streamed updates cannot be combined with the NVMe tier");
+
+  const std::vector<Placement> placement = Placements(layout_, options, tier_index);
+  units_.resize(layout_.units.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].placement = placement[u];
+    units_[u].tier_index = tier_index.empty() ? -1 : tier_index[u];
+  }
+  auto master_on_disk = [&](size_t u) { return units_[u].on_tier() && tier_->holds_master(); };
+  auto host_zeros = [&](size_t u) {
+    const int64_t numel = layout_.units[u].numel;
+    return units_[u].stream_capable() ? queue_.AllocateHost(numel, at::kFloat).zero_()
+                                      : HostArray(numel, at::kFloat, options.host_huge_pages);
+  };
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    at::Tensor& loaded = master_fp32.units[u];
+    const int64_t numel = layout_.units[u].numel;
+    if (unit.resident()) {  // the state moves to the device; the host keeps nothing of this unit
+      const auto dev_f32 = at::TensorOptions().dtype(at::kFloat).device(options.train.device);
+      unit.dev_master = loaded.to(dev_f32);
+      unit.dev_exp_avg = at::zeros({numel}, dev_f32);
+      unit.dev_exp_avg_sq = at::zeros({numel}, dev_f32);
+      unit.dev_weights = dtype == c10::kFloat ? unit.dev_master : unit.dev_master.to(dtype);  // RNE, as AdamW writes
+      loaded = at::Tensor();
+      continue;
+    }
+    // The loaded master moves, one unit at a time, into a page-locked buffer (streamed) or its own mapping (huge
+    // pages unless turned off).
+    if (unit.stream_capable()) {
+      unit.master = queue_.AllocateHost(numel, at::kFloat).copy_(loaded);
+    } else if (!master_on_disk(u)) {
+      TORCH_CHECK(loaded.is_contiguous() && loaded.numel() == numel, "unit ", u,
+                  "'s master weights do not match its layout");
+      unit.master = HostArray(numel, at::kFloat, options.host_huge_pages, loaded.const_data_ptr<float>());
+    } else {
+      unit.master = loaded;  // until written to the tier below
+    }
+    loaded = at::Tensor();
+    if (dtype == c10::kFloat && !on_cuda && !master_on_disk(u)) {
+      unit.staging = unit.master;  // fp32 on the host: the master is what the forward loads
+    } else {
+      unit.staging = queue_.AllocateHost(numel, dtype);
+      unit.staging.copy_(unit.master);
+    }
+    if (master_on_disk(u)) {  // unit by unit, so the host never holds the fp32 model and all its staging at once
+      Status st = tier_->WriteArray(unit.tier_index, kMasterArray, unit.master.data_ptr<float>());
+      TORCH_CHECK(st.ok(), "writing the master weights to the NVMe tier: ", st.ToString());
+      unit.master = at::Tensor();
+    }
+  }
+  // The moments last: by now the masters that moved to the device or the tier are gone, so the host's peak during
+  // start-up is the plan's total rather than that plus those masters.
+  int64_t cpu_numel = 0, streamed_numel = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].host_held()) continue;
+    units_[u].exp_avg = host_zeros(u);
+    units_[u].exp_avg_sq = host_zeros(u);
+    (units_[u].stream_capable() ? streamed_numel : cpu_numel) += layout_.units[u].numel;
+  }
+  if (cpu_numel > 0) streamed_per_cpu_element_ = double(streamed_numel) / double(cpu_numel);
+}
+
+int64_t UnitStore::largest_layer_numel() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < layout_.num_layers(); ++i) n = std::max(n, layout_.layer(i).numel);
+  return n;
+}
+
+int64_t UnitStore::streamed_units() const {
+  return std::count_if(units_.begin(), units_.end(), [](const Unit& u) { return u.stream_capable(); });
+}
+
+at::Tensor UnitStore::LandingBuffer(size_t unit, bool accumulating) {
+  const Unit& x = units_[unit];
+  if (!accumulating && !x.staging.is_same(x.master)) return x.staging;
+  if (!x.grad_landing.defined()) {
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (!units_[u].resident())
+        units_[u].grad_landing = queue_.AllocateHost(layout_.units[u].numel, options_.train.compute_dtype);
+  }
+  return x.grad_landing;
+}
+
+void UnitStore::EnsureGradSums() {
+  if (has_grad_sums_) return;
+  std::vector<at::Tensor> sums;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t numel = layout_.units[u].numel;
+    sums.push_back(units_[u].resident()         ? at::Tensor()
+                   : units_[u].stream_capable() ? queue_.AllocateHost(numel, at::kFloat)  // copied up
+                                                : HostArray(numel, at::kFloat, options_.host_huge_pages));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) units_[u].grad_sum = std::move(sums[u]);
+  has_grad_sums_ = true;
+}
+
+at::Tensor UnitStore::UpdateGradient(size_t unit, bool accumulating) {
+  return accumulating ? units_[unit].grad_sum : LandingBuffer(unit, false);
+}
+
+// Checkpoint kind -> the tier's array, and the host buffer that holds it when the tier does not (null when it does).
+at::Tensor* UnitStore::HostState(StateKind kind, size_t unit, StateArray* array) {
+  *array = kind == StateKind::kMaster ? kMasterArray : kind == StateKind::kExpAvg ? kExpAvg : kExpAvgSq;
+  Unit& x = units_[unit];
+  const bool on_disk = x.on_tier() && (*array != kMasterArray || tier_->holds_master());
+  if (on_disk) return nullptr;
+  return kind == StateKind::kMaster ? &x.master : kind == StateKind::kExpAvg ? &x.exp_avg : &x.exp_avg_sq;
+}
+
+StatusOr<at::Tensor> UnitStore::ReadState(StateKind kind, size_t unit) {
+  if (unit >= units_.size()) return InvalidArgument("no such optimizer state");
+  const Unit& x = units_[unit];
+  if (x.resident())
+    return (kind == StateKind::kMaster ? x.dev_master : kind == StateKind::kExpAvg ? x.dev_exp_avg : x.dev_exp_avg_sq)
+        .cpu();
+  StateArray array;
+  if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
+  at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
+  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(x.tier_index, array, out.data_ptr<float>()));
+  return out;
+}
+
+Status UnitStore::WriteState(StateKind kind, size_t unit, const at::Tensor& src) {
+  if (unit >= units_.size()) return InvalidArgument("no such optimizer state");
+  Unit& x = units_[unit];
+  if (x.resident()) {
+    (kind == StateKind::kMaster ? x.dev_master : kind == StateKind::kExpAvg ? x.dev_exp_avg : x.dev_exp_avg_sq)
+        .copy_(src);
+    return Status::Ok();
+  }
+  StateArray array;
+  if (at::Tensor* host = HostState(kind, unit, &array)) {
+    host->copy_(src);
+    return Status::Ok();
+  }
+  const at::Tensor f32 = src.to(at::kFloat).contiguous();
+  SLIDE_RETURN_IF_ERROR(tier_->WriteArray(x.tier_index, array, f32.data_ptr<float>()));
+  if (array == kMasterArray) x.staging.copy_(f32);  // RefreshWeights cannot read a master it does not hold
+  return Status::Ok();
+}
+
+void UnitStore::RefreshWeights() {
+  for (Unit& x : units_) {
+    if (x.resident() && !x.dev_weights.is_same(x.dev_master)) x.dev_weights.copy_(x.dev_master);
+    if (x.master.defined() && !x.staging.is_same(x.master)) x.staging.copy_(x.master);  // RNE, as AdamW writes it
+  }
+}
+
+}  // namespace slide
