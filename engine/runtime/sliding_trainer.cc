@@ -20,24 +20,69 @@
 namespace slide {
 namespace {
 
-// Cancels the weights-first ring when a forward fails part way: passes waiting for loads that will not come go on,
-// and a later step or evaluation loads from staging instead of waiting behind them (or reading a stale round).
-class CancelRingOnThrow {
+// Cancels the weights-first ring when a step or an evaluation ends early (an error returned or thrown part way):
+// passes waiting for loads that will not come go on, and a later step or evaluation loads from staging instead of
+// waiting behind them (or reading a stale round). Done() on success.
+class CancelRingUnlessDone {
  public:
-  explicit CancelRingOnThrow(UpdateScheduler& updates)
-      : updates_(updates), exceptions_(std::uncaught_exceptions()) {}
-  ~CancelRingOnThrow() {
-    if (std::uncaught_exceptions() <= exceptions_) return;
+  explicit CancelRingUnlessDone(UpdateScheduler& updates) : updates_(updates) {}
+  ~CancelRingUnlessDone() {
+    if (done_) return;
     try {
       updates_.CancelWeightRing();
     } catch (...) {  // already unwinding with the step's error
     }
   }
+  void Done() { done_ = true; }
 
  private:
   UpdateScheduler& updates_;
-  int exceptions_;
+  bool done_ = false;
 };
+
+// Micro-batches as a step or an evaluation takes them, checked on the host before anything reaches the device (an
+// id outside the vocabulary would be a device-side assert on CUDA): token ids [batch, seq] in [0, vocab), targets of
+// the same shape, each -100 or a token id; at most `planned_tokens` a micro-batch (0: unplanned). Returns the number
+// of targets that count.
+StatusOr<int64_t> CheckMicroBatches(const std::vector<MicroBatch>& mbs, int64_t vocab, int64_t planned_tokens) {
+  if (mbs.empty()) return InvalidArgument("a step or an evaluation needs at least one micro-batch");
+  int64_t valid = 0;
+  for (size_t k = 0; k < mbs.size(); ++k) {
+    const at::Tensor& ids = mbs[k].input_ids;
+    const at::Tensor& targets = mbs[k].targets;
+    const std::string where = "micro-batch " + std::to_string(k) + ": ";
+    if (!ids.defined() || ids.dim() != 2 || !at::isIntegralType(ids.scalar_type(), /*includeBool=*/false))
+      return InvalidArgument(where + "input_ids must be token ids of shape [batch, seq]");
+    if (!targets.defined() || targets.sizes() != ids.sizes() ||
+        !at::isIntegralType(targets.scalar_type(), /*includeBool=*/false))
+      return InvalidArgument(where + "targets must be integers of the input_ids' shape");
+    if (planned_tokens > 0 && ids.numel() > planned_tokens)
+      return InvalidArgument(where + std::to_string(ids.numel()) + " tokens exceed the " +
+                             std::to_string(planned_tokens) + " the memory plan was made for");
+    if (ids.is_cpu()) {
+      const at::Tensor t = ids.to(at::kLong).contiguous();
+      const int64_t* p = t.const_data_ptr<int64_t>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i)
+        if (p[i] < 0 || p[i] >= vocab)
+          return InvalidArgument(where + "token id " + std::to_string(p[i]) + " at position " + std::to_string(i) +
+                                 " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    if (targets.is_cpu()) {
+      const at::Tensor t = targets.to(at::kLong).contiguous();
+      const int64_t* p = t.const_data_ptr<int64_t>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+        if (p[i] == kIgnoreIndex) continue;
+        if (p[i] < 0 || p[i] >= vocab)
+          return InvalidArgument(where + "target " + std::to_string(p[i]) + " at position " + std::to_string(i) +
+                                 " is neither -100 nor a token id in [0, " + std::to_string(vocab) + ")");
+        ++valid;
+      }
+    } else {
+      valid += CheckedTargetCount(targets, vocab);  // device tensors (tests): a c10::Error, caught by the caller
+    }
+  }
+  return valid;
+}
 
 ModelParams AdoptOrConvert(ModelParams&& master) {
   bool adoptable = true;
@@ -47,6 +92,26 @@ ModelParams AdoptOrConvert(ModelParams&& master) {
 }
 
 }  // namespace
+
+Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout) {
+  const auto dtype = o.train.compute_dtype;
+  if (dtype != c10::kBFloat16 && dtype != c10::kFloat)
+    return InvalidArgument("the sliding trainer computes in bf16 or fp32");
+  if (o.window < 1) return InvalidArgument("window must be at least 1 slot, got " + std::to_string(o.window));
+  if (o.resident_layers < 0 || o.resident_layers > layout.num_layers())
+    return InvalidArgument("resident layers must be between 0 and the layer count (" +
+                           std::to_string(layout.num_layers()) + "), got " + std::to_string(o.resident_layers));
+  const bool tier = o.nvme.mode != TierMode::kNone;
+  if (tier) SLIDE_RETURN_IF_ERROR(TierUnitIndex(layout.num_layers(), o.nvme).status());
+  if (tier && o.resident_layers > 0) return InvalidArgument("resident layers cannot be combined with the NVMe tier");
+  const double share = o.device_update_share;
+  if (!(share >= 0 && share <= 1))
+    return InvalidArgument("device_update_share must be in [0, 1], got " + std::to_string(share));
+  if (share > 0 && dtype != c10::kBFloat16) return InvalidArgument("streamed updates need bf16 compute");
+  if (share > 0 && tier) return InvalidArgument("streamed updates cannot be combined with the NVMe tier");
+  if (share > 0 && o.device_update_chunk < 1) return InvalidArgument("device_update_chunk must be positive");
+  return Status::Ok();
+}
 
 SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options,
                                std::unique_ptr<StateTier> tier)
@@ -60,9 +125,9 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
       opts_(std::move(options)),
       simd_(DetectSimdLevel()),
       meter_(opts_.trace) {
+  const Status valid = ValidateSlidingOptions(opts_, layout_);
+  TORCH_CHECK(valid.ok(), valid.ToString());
   const auto dtype = opts_.train.compute_dtype;
-  TORCH_CHECK(dtype == c10::kBFloat16 || dtype == c10::kFloat, "sliding trainer computes in bf16 or fp32");
-  TORCH_CHECK(opts_.window >= 1, "window must be at least 1 slot");
   on_cuda_ = opts_.train.device.is_cuda();
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
   if (on_cuda_) LimitDeviceMemory(opts_.device_budget_bytes);
@@ -86,11 +151,15 @@ StatusOr<std::unique_ptr<StateTier>> SlidingTrainer::OpenTier(const ModelLayout&
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                                  const ResolvedTrainer& resolved) {
+  SLIDE_RETURN_IF_ERROR(ValidateSlidingOptions(resolved.options, master_fp32.layout));
   SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, resolved.options));
-  auto trainer =
-      std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), resolved.options, std::move(tier));
-  trainer->planned_tokens_ = resolved.planned_tokens;
-  return trainer;
+  // What can still fail is the environment: host or device memory (RESOURCE_EXHAUSTED), a tier write.
+  return StatusFromExceptions<std::unique_ptr<SlidingTrainer>>([&]() -> StatusOr<std::unique_ptr<SlidingTrainer>> {
+    auto trainer =
+        std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), resolved.options, std::move(tier));
+    trainer->planned_tokens_ = resolved.planned_tokens;
+    return trainer;
+  });
 }
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
@@ -173,22 +242,22 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
 }
 
 StatusOr<StepStats> SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
-  return StatusFromExceptions<StepStats>([&] { return RunStep(micro_batches); });
+  SLIDE_ASSIGN_OR_RETURN(const int64_t valid, CheckMicroBatches(micro_batches, cfg_.vocab_size, planned_tokens_));
+  SLIDE_RETURN_IF_ERROR(updates_->status());
+  return StatusFromExceptions<StepStats>([&] { return RunStep(micro_batches, valid); });
 }
 
 StatusOr<double> SlidingTrainer::EvalLoss(const std::vector<MicroBatch>& micro_batches) {
-  return StatusFromExceptions<double>([&] { return RunEval(micro_batches); });
+  SLIDE_ASSIGN_OR_RETURN(const int64_t valid, CheckMicroBatches(micro_batches, cfg_.vocab_size, 0));
+  return StatusFromExceptions<double>([&] { return RunEval(micro_batches, valid); });
 }
 
-double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches) {
-  TORCH_CHECK(!micro_batches.empty(), "evaluation needs at least one micro-batch");
-  CancelRingOnThrow guard(*updates_);
+double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets) {
+  CancelRingUnlessDone guard(*updates_);
   // The next step's time is not its schedule's: this forward takes the ring, so that step loads from staging after
   // the whole updates, and the automatic choice must not count it.
   updates_->ForgetPostedUpdates();
-  int64_t valid = 0;
-  for (const auto& mb : micro_batches) valid += CheckedTargetCount(mb.targets, cfg_.vocab_size);
-  const double normalizer = std::max<int64_t>(1, valid);
+  const double normalizer = std::max<int64_t>(1, valid_targets);
   LoadEdgeUnit(/*head=*/false);
   at::AutoGradMode no_grad(false);
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
@@ -201,6 +270,7 @@ double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches) {
                            mb.targets.to(opts_.train.device), normalizer, opts_.train.loss));
   }
   queue_->TakeBusy();  // evaluation time is not part of the next step's accounting
+  guard.Done();
   return loss_sum.item<double>();
 }
 
@@ -247,19 +317,14 @@ at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& par
   return dxi;
 }
 
-StepStats SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro_batches) {
-  TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
-  CancelRingOnThrow guard(*updates_);
-  updates_->ThrowIfFailed();
-  for (const auto& mb : micro_batches)
-    TORCH_CHECK(planned_tokens_ == 0 || mb.input_ids.numel() <= planned_tokens_, "micro-batch of ",
-                mb.input_ids.numel(), " tokens exceeds the ", planned_tokens_, " the memory plan was made for");
+StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets) {
+  CancelRingUnlessDone guard(*updates_);
   meter_.Begin();
   ScopedTimer step_timer(meter_.busy().step);
   updates_->BeginStep(static_cast<int64_t>(micro_batches.size()));
 
   StepStats stats;
-  for (const auto& mb : micro_batches) stats.valid_targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
+  stats.valid_targets = valid_targets;
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
   const bool clip = opts_.train.max_grad_norm > 0;
   const double lr = opts_.train.schedule.At(step_);
@@ -313,7 +378,8 @@ StepStats SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro_batches) 
 
   // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
   stats.loss = loss_sum.item<double>();
-  updates_->ThrowIfFailed();  // an update that failed during this step (this step's forward may have read its unit)
+  // An update that failed during this step (this step's forward may have read its unit).
+  SLIDE_RETURN_IF_ERROR(updates_->status());
   stats.grad_norm = std::sqrt(updates_->GlobalSqNorm());
   bool weights_first = false;
   if (clip) {
@@ -332,6 +398,7 @@ StepStats SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro_batches) 
   meter_.Finish(q, std::move(device_spans));
   meter_.busy().weights_first = weights_first;
   updates_->EndStep(step_timer.Elapsed(), q.compute, meter_.busy().cpu_update, meter_.WholeAdamWSeconds());
+  guard.Done();
   return stats;
 }
 

@@ -32,6 +32,9 @@
 namespace slide {
 
 struct ResolvedTrainer;  // trainer_resolver.h
+
+// INVALID_ARGUMENT naming what the options contradict (dtype, window, resident layers, tier, streamed share).
+Status ValidateSlidingOptions(const SlidingOptions& options, const ModelLayout& layout);
 class DeviceQueue;
 class SlotWindow;
 class StateTier;
@@ -61,10 +64,11 @@ class SlidingTrainer {
                                                           MemoryPlan* plan = nullptr);
   ~SlidingTrainer();
 
-  // One optimizer step over `micro_batches` (accumulated). Its errors (a micro-batch larger than planned, a failed
-  // update or NVMe transfer, device memory exhausted: RESOURCE_EXHAUSTED) come back as a status: nothing thrown
-  // inside the trainer, on this thread or an update worker's, leaves it. After an error the trainer is not stepped
-  // again (the job fails).
+  // One optimizer step over `micro_batches` (accumulated). Its errors come back as a status: bad micro-batches
+  // (shape, a token id or target outside the vocabulary, more tokens than planned) as INVALID_ARGUMENT before
+  // anything runs; a failed update or NVMe transfer with its code, sticky; device or host memory exhausted as
+  // RESOURCE_EXHAUSTED. Nothing thrown inside the trainer, on this thread or an update worker's, leaves it. After an
+  // error other than bad input the trainer is not stepped again (the job fails).
   StatusOr<StepStats> Step(const std::vector<MicroBatch>& micro_batches);
   // Mean token loss over `micro_batches` with the current weights (forward only, sliding like a step).
   StatusOr<double> EvalLoss(const std::vector<MicroBatch>& micro_batches);
@@ -103,8 +107,10 @@ class SlidingTrainer {
   int64_t parked_bytes() const;  // host memory holding parked layer inputs (checkpoints_on_host)
 
  private:
-  StepStats RunStep(const std::vector<MicroBatch>& micro_batches);  // Step's body: may throw
-  double RunEval(const std::vector<MicroBatch>& micro_batches);     // EvalLoss's body: may throw
+  // Step's and EvalLoss's bodies on checked micro-batches: LibTorch may throw in them (out of memory), which the
+  // callers turn into statuses.
+  StatusOr<StepStats> RunStep(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets);
+  double RunEval(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets);
   // Embedding and layers without autograd, keeping each layer's input in `parked` when given.
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
   // The head's loss forward and backward at once; returns the gradient of the trunk's output.

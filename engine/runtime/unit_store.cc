@@ -52,7 +52,7 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   std::vector<int64_t> tier_index;
   if (options.nvme.mode != TierMode::kNone) {
     auto index = TierUnitIndex(layout_.num_layers(), options.nvme);
-    TORCH_CHECK(index.ok(), index.status().ToString());
+    TORCH_CHECK(index.ok(), index.status().ToString());  // ValidateSlidingOptions checked the options
     tier_index = std::move(index).value();
     if (!tier_) {
       auto opened = OpenTier(layout_, options);
@@ -63,14 +63,6 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   TORCH_CHECK(!tier_ || static_cast<int64_t>(tier_->units()) ==
                             std::count_if(tier_index.begin(), tier_index.end(), [](int64_t i) { return i >= 0; }),
               "the NVMe tier given was opened for other units than options.nvme names");
-  TORCH_CHECK(options.resident_layers >= 0 && options.resident_layers <= layout_.num_layers(),
-              "resident layers must be between 0 and the layer count");
-  TORCH_CHECK(!tier_ || options.resident_layers == 0, "resident layers cannot be combined with the NVMe tier");
-  const double share = options.device_update_share;
-  TORCH_CHECK(share >= 0 && share <= 1, "device_update_share must be in [0, 1]");
-  TORCH_CHECK(share == 0 || dtype == c10::kBFloat16, "streamed updates need bf16 compute");
-  TORCH_CHECK(share == 0 || !tier_, "streamed updates cannot be combined with the NVMe tier");
-
   const std::vector<Placement> placement = Placements(layout_, options, tier_index);
   units_.resize(layout_.units.size());
   for (size_t u = 0; u < units_.size(); ++u) {

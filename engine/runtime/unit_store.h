@@ -56,7 +56,7 @@ class UnitStore {
  public:
   // Takes the fp32 host master (moved unit by unit into its placement; the loaded copy is released as it goes) and
   // the NVMe tier options.nvme asks for (opened here when null; a failure throws). `queue` page-locks the host
-  // buffers the device copies from.
+  // buffers the device copies from. The options were checked (ValidateSlidingOptions).
   UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, DeviceQueue& queue,
             std::unique_ptr<StateTier> tier);
   // Opens the NVMe tier `options` asks for (null for mode none): the disk is reserved here.

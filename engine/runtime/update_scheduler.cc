@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <stdexcept>
 #include <utility>
 
 #include "engine/optim/unit_adamw.h"
@@ -288,7 +287,7 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
       });
       io_waited = tier->io_wait_ns() - waited_before;
       meter_.AddNvmeWait(io_waited);
-      if (!st.ok()) throw std::runtime_error("unit " + std::to_string(unit) + ": " + st.ToString());
+      if (!st.ok()) Fail(Status(st.code(), "unit " + std::to_string(unit) + "'s update: " + st.message()));
     }
     const int64_t took_ns = SteadyNowNs() - t0;
     meter_.AddWholeUpdate(took_ns - io_waited);  // CPU time; the disk's share is counted as nvme
@@ -423,17 +422,23 @@ void UpdateScheduler::WaitAll() {
   if (stream_worker_) stream_worker_->WaitAll();
 }
 
+void UpdateScheduler::Fail(Status error) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_.ok()) error_ = std::move(error);
+}
+
 void UpdateScheduler::TakeWorkerErrors() {
   for (UpdateWorker* w : {worker_.get(), stream_worker_.get()}) {
     if (w == nullptr) continue;
-    std::string error = w->TakeError();
-    if (error_.empty()) error_ = error;
+    const std::string error = w->TakeError();
+    if (!error.empty()) Fail(Internal("optimizer update failed: " + error));
   }
 }
 
-void UpdateScheduler::ThrowIfFailed() {
+Status UpdateScheduler::status() {
   TakeWorkerErrors();
-  TORCH_CHECK(error_.empty(), "optimizer update failed: ", error_);
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return error_;
 }
 
 Status UpdateScheduler::Sync() {
@@ -441,10 +446,9 @@ Status UpdateScheduler::Sync() {
   try {
     queue_.SyncStreamedUpdates();
   } catch (const std::exception& e) {
-    if (error_.empty()) error_ = e.what();
+    Fail(Internal(std::string("streamed update failed: ") + e.what()));
   }
-  TakeWorkerErrors();
-  if (!error_.empty()) return Internal("optimizer update failed: " + error_);
+  SLIDE_RETURN_IF_ERROR(status());
   return units_.tier() ? units_.tier()->Flush() : Status::Ok();
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,11 @@ class UpdateScheduler {
   using EdgeCopy = std::function<std::function<void()>(int64_t begin, int64_t n, const at::Tensor& src)>;
   void LoadEdge(bool head, const EdgeCopy& copy);
 
-  void WaitAll();                   // every posted task has finished
-  void ThrowIfFailed();             // the first failed task's error, thrown (sticky)
-  Status Sync();                    // WaitAll, streamed write-backs landed, the tier flushed; the first error
+  void WaitAll();  // every posted task has finished
+  // The first failed task's error (sticky: the state is no longer trustworthy): a task's status (an NVMe read or
+  // write-back), or an exception its worker caught, as INTERNAL. Never waits.
+  Status status();
+  Status Sync();  // WaitAll, streamed write-backs landed, the tier flushed; the first error
   void CancelWeightRing();          // no forward will read what waits in the ring: fills go on, loads use staging
   bool schedule_settled() const;    // fixed by the options, or the automatic choice has measured what it needs
   void set_weights_first(WeightsFirst mode);
@@ -110,6 +113,7 @@ class UpdateScheduler {
   void PostWeightsOnly(size_t unit, int64_t chunk, const AdamWStepArgs& args, int64_t ticket);
   AdamWStepArgs StepArgs(double lr, float grad_scale, int64_t step) const;
   void TakeWorkerErrors();
+  void Fail(Status error);  // any thread: keeps the first error
 
   UnitStore& units_;
   DeviceQueue& queue_;
@@ -123,7 +127,8 @@ class UpdateScheduler {
   std::unique_ptr<UpdateWorker> stream_worker_;
   std::vector<bool> on_stream_worker_;  // by unit: its latest whole-update task went to stream_worker_
   std::vector<at::Tensor> device_sqnorm_;  // squared norms computed on the device (no accumulation)
-  std::string error_;                      // the first failed task
+  std::mutex error_mu_;
+  Status error_;  // the first failed task
   // Weights first: the ring (made here when a step may go weights first), each layer's ticket while its next
   // weights wait there (-1: load from staging), the embedding's and the head's first chunk's ticket.
   std::unique_ptr<WeightRing> ring_;

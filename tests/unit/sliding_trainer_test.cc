@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <limits>
 
+#include <unistd.h>
+
 #include "engine/runtime/device_info.h"
+#include "engine/runtime/trainer_resolver.h"
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/scratch_dir.h"
@@ -757,7 +760,81 @@ TEST(SlidingTrainer, CreatePlansWithinBudgetAndRefusesWhatCannotFit) {
   trainer->Step(Batch(0, 1, fx.config.vocab_size, c10::Device(c10::kCPU))).value();
   at::Tensor big = at::zeros({4, 16}, at::kLong);
   const auto too_big = trainer->Step({{big, big}});  // 64 tokens > the planned 32: an error, not an exception
-  EXPECT_EQ(too_big.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(too_big.status().message(), "64 tokens exceed the 32 the memory plan was made for");
+  EXPECT_TRUE(trainer->Step(Batch(1, 1, fx.config.vocab_size, c10::Device(c10::kCPU))).ok());  // nothing was lost
+}
+
+// Bad micro-batches are refused before anything runs, naming what is wrong, and the trainer steps on as if they had
+// not come: the next step equals a trainer's that never saw them. Options that contradict each other are refused by
+// Create with INVALID_ARGUMENT instead of an exception out of the constructor.
+TEST(SlidingTrainer, BadMicroBatchesAndOptionsAreStatusesAndLoseNothing) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  const c10::Device cpu(c10::kCPU);
+  const TrainerOptions o = Options(c10::kFloat, 1.0, cpu);
+  const ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  SlidingTrainer refused_input(fx.config, init, {.train = o}), clean(fx.config, init, {.train = o});
+  const int64_t V = fx.config.vocab_size;
+  at::Tensor ids = at::zeros({2, 8}, at::kLong);
+  at::Tensor out_of_vocab = ids.clone();
+  out_of_vocab[1][3] = V;
+  at::Tensor bad_target = ids.clone();
+  bad_target[0][5] = -7;
+  struct Case {
+    std::vector<MicroBatch> mbs;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{}, "at least one micro-batch"},
+      {{{out_of_vocab, ids}}, "token id " + std::to_string(V) + " at position 11 is outside the vocabulary"},
+      {{{ids, bad_target}}, "target -7 at position 5 is neither -100 nor a token id"},
+      {{{ids, ids.narrow(1, 0, 4)}}, "targets must be integers of the input_ids' shape"},
+      {{{ids.to(at::kFloat), ids}}, "input_ids must be token ids"},
+      {{{ids.reshape({16}), ids.reshape({16})}}, "input_ids must be token ids of shape [batch, seq]"},
+  };
+  for (const Case& c : cases) {
+    const auto step = refused_input.Step(c.mbs);
+    ASSERT_FALSE(step.ok()) << c.message;
+    EXPECT_EQ(step.status().code(), StatusCode::kInvalidArgument) << step.status().ToString();
+    ExpectContains(step.status().message(), c.message);
+    EXPECT_EQ(refused_input.EvalLoss(c.mbs).status().code(), StatusCode::kInvalidArgument) << c.message;
+  }
+  EXPECT_EQ(refused_input.steps_taken(), 0);
+  for (int64_t s = 0; s < 2; ++s) StepAlike(refused_input, clean, s, 1, V);
+
+  ModelParams copy = init.To(at::TensorOptions().dtype(at::kFloat));
+  ResolvedTrainer contradictory;
+  contradictory.options = {.train = o, .window = 0};
+  auto made = SlidingTrainer::Create(fx.config, std::move(copy), contradictory);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(made.status().message(), "window must be at least 1 slot, got 0");
+  contradictory.options = {.train = o, .window = 1, .resident_layers = 1};
+  contradictory.options.device_update_share = 0.5;  // fp32 compute
+  made = SlidingTrainer::Create(fx.config, init.To(at::TensorOptions().dtype(at::kFloat)), contradictory);
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(made.status().message(), "streamed updates need bf16 compute");
+}
+
+// An NVMe read that fails under an update fails that step with the tier's status (not an exception, not a crash),
+// and every later step and the final sync report it too: the state is no longer trustworthy.
+TEST(SlidingTrainer, AFailedTierUpdateIsTheStepsStatusFromThenOn) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  const c10::Device cpu(c10::kCPU);
+  ScratchDir dir;
+  SlidingOptions tiered{.train = Options(c10::kFloat, 1.0, cpu), .window = 1};
+  tiered.nvme = SmallTier(TierMode::kMoments, dir, "pread");
+  SlidingTrainer trainer(fx.config, testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat)), tiered);
+  ASSERT_TRUE(trainer.Step(Batch(0, 1, fx.config.vocab_size, cpu)).ok());
+  ASSERT_TRUE(trainer.SyncUpdates().ok());
+  for (const std::string& f : dir.Files()) ASSERT_EQ(::truncate(f.c_str(), 0), 0);  // cut behind the tier's back
+  Status first = Status::Ok();
+  for (int64_t s = 1; s < 4 && first.ok(); ++s) first = trainer.Step(Batch(s, 1, fx.config.vocab_size, cpu)).status();
+  ASSERT_FALSE(first.ok()) << "no step saw the tier's failure";
+  EXPECT_EQ(first.code(), StatusCode::kDataLoss) << first.ToString();
+  ExpectContains(first.message(), "'s update:");
+  EXPECT_EQ(trainer.Step(Batch(9, 1, fx.config.vocab_size, cpu)).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(trainer.SyncUpdates().code(), StatusCode::kDataLoss);
 }
 
 // A trainer built from a plan streams its share only while the plan keeps the layer inputs on the device: parked
