@@ -1,31 +1,20 @@
-// Throughput / memory benchmark of the sliding trainer on Llama-shaped random-init models.
-// Usage: sliding_bench SHAPE BATCH [SEQ=1024] [STEPS=3] [WINDOW=2] [DEVICE=cuda] [MAX_GRAD_NORM=1.0]
-//   MAX_GRAD_NORM 0 disables clipping (updates then overlap the backward): the pair measures what exact
-//   clipping costs.
-//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48), or a Hugging Face model directory
-//   (its config.json gives the shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
-// SLIDE_PLAN_ONLY=1 prints the memory plan's totals and stops before allocating anything.
-// SLIDE_TRACE_OUT=FILE writes the last step's timeline as Chrome trace JSON (Perfetto, chrome://tracing).
-// SLIDE_NVME_STATE=moments|moments_and_master with SLIDE_NVME_DIR=DIR[:DIR...] keeps the optimizer state on the
-// NVMe tier (SLIDE_NVME_CHUNK_MB, SLIDE_NVME_BUFFERS, SLIDE_NVME_QD, SLIDE_NVME_THREADS tune it); SLIDE_NVME_LAYERS=K
-// puts only the last K layers' state there (default: every unit), the rest staying in host memory; K=0 lets the
-// planner pick the fewest that fit this machine's memory (the JSON line's nvme_layers is its pick).
-// SLIDE_RESIDENT=auto|N keeps the first N layers (auto: as many as the 24 GiB budget holds, the default on CUDA;
-// 0 on the CPU) on the device with their optimizer state, updated there.
-// SLIDE_DEVICE_UPDATE_SHARE=F (0..1) updates that share of the host layers on the GPU, their state streamed through
-// a ring of device buffers (SLIDE_DEVICE_UPDATE_CHUNK elements each), beside the CPU updating the rest; default as
-// slided's GPU jobs: kDefaultDeviceUpdateShare on CUDA without the NVMe tier, none beside parked layer inputs.
-// SLIDE_CHECKPOINTS=auto|device|host: where layer inputs wait for the backward (auto: the planner's choice).
-// SLIDE_HEAD_CHUNK_TOKENS=N: the LM head's chunk (plan and trainer; default slided's, LossOptions' 1024; the figures
-// before it became the default ran 4096).
-// Prints one JSON line: tokens/s, model TFLOPS (6*N*tokens + attention, no recompute), peak device bytes
-// (caching allocator), peak host RSS, per-resource busy seconds per step, and the resource that bounds it.
+// Throughput / memory benchmark of the sliding trainer on Llama-shaped random-init models, resolved exactly as
+// slided resolves a job (ResolveTrainer within the GPU budget: window, layer-input placement, resident layers, the
+// streamed share, the NVMe tier). Prints one JSON line (two with --phase-memory): tokens/s, model TFLOPS
+// (6*N*tokens + attention, no recompute), peak device bytes (caching allocator), peak host RSS, per-resource busy
+// seconds per step, and the resource that bounds it.
+//   sliding_bench SHAPE BATCH [--seq 1024] [--steps 3] [--checkpoints host] [--weights-first on] ...  (--help)
+// SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48), or a Hugging Face model directory
+// (its config.json gives the shape: Qwen2, Mistral, Qwen3, ...; the weights are random).
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "bench/llama_shapes.h"
 #include "engine/common/files.h"
@@ -35,191 +24,175 @@
 #include "engine/model/config.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
+#include "engine/runtime/trainer_resolver.h"
 
 using namespace slide;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+struct Flags {
+  std::string shape;
+  int64_t batch = 0, seq = 1024, window = 2, head_chunk_tokens = TrainerOptions{}.loss.chunk_tokens;
+  int steps = 3, warmup_steps = 6;
+  std::string device = "cuda";
+  double max_grad_norm = 1.0;
+  double gpu_budget_gib = 24;  // an RTX 4090's memory: the plan and the caching allocator are held to it
+  std::string checkpoints = "auto", weights_first = "auto", resident = "auto";
+  double device_update_share = -1;  // < 0: as slided's GPU jobs
+  int64_t device_update_chunk = SlidingOptions{}.device_update_chunk;
+  std::string nvme_state = "none";
+  std::vector<std::string> nvme_dirs = {"/var/tmp"};
+  int64_t nvme_chunk_mb = 32, nvme_layers = -1;
+  int nvme_buffers = 6, nvme_queue_depth = 32, nvme_threads = 2;
+  bool huge_pages = true, phase_memory = false, plan_only = false, kernels = true;
+  std::string trace_out;
+};
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "sliding_bench: %s\n", what.c_str());
+  return 2;
+}
+
+StatusOr<ModelConfig> Shape(const std::string& shape) {
+  if (PathExists(shape + "/config.json")) return LoadHfConfig(shape);
+  return bench::LlamaShape(shape);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const auto main_start = std::chrono::steady_clock::now();
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: sliding_bench SHAPE BATCH [SEQ] [STEPS] [WINDOW] [DEVICE]\n");
-    return 2;
-  }
-  const std::string shape = argv[1];
-  const int64_t batch = std::atoll(argv[2]);
-  const int64_t seq = argc > 3 ? std::atoll(argv[3]) : 1024;
-  const int steps = argc > 4 ? std::atoi(argv[4]) : 3;
-  const int64_t window = argc > 5 ? std::atoll(argv[5]) : 2;
-  const std::string dev = argc > 6 ? argv[6] : "cuda";
-  const double max_grad_norm = argc > 7 ? std::atof(argv[7]) : 1.0;
-  const c10::Device device = dev == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  Flags f;
+  CLI::App app{"sliding_bench: the sliding trainer's throughput and memory on a random-init model", "sliding_bench"};
+  app.add_option("shape", f.shape, "llama-1b | llama-3b | llama-8b | tiny [@LAYERS], or a model directory")
+      ->required();
+  app.add_option("batch", f.batch, "sequences a step (one micro-batch)")->required()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seq", f.seq, "tokens a sequence")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", f.steps, "timed steps, after the warm-up")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup-steps", f.warmup_steps,
+                 "at most this many warm-up steps: until the automatic weights-first choice has measured both "
+                 "schedules")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--window", f.window, "layer slots on the device (0: the planner's choice)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--device", f.device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--max-grad-norm", f.max_grad_norm,
+                 "exact global-norm clipping; 0 turns it off (updates then overlap the backward)");
+  app.add_option("--gpu-budget-gib", f.gpu_budget_gib, "the device budget the job is planned and held to");
+  app.add_option("--checkpoints", f.checkpoints, "where layer inputs wait for the backward")
+      ->check(CLI::IsMember({"auto", "device", "host"}));
+  app.add_option("--weights-first", f.weights_first, "the weights-first schedule")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--resident", f.resident, "layers kept on the device: auto (as many as fit) or a count");
+  app.add_option("--device-update-share", f.device_update_share,
+                 "share of the host layers updated on the GPU (default: slided's; none beside parked inputs)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--device-update-chunk", f.device_update_chunk, "elements a streamed-update ring buffer")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  app.add_option("--head-chunk-tokens", f.head_chunk_tokens, "the LM head's chunk")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--nvme-state", f.nvme_state, "optimizer state on the NVMe tier")
+      ->check(CLI::IsMember({"none", "moments", "moments_and_master"}));
+  app.add_option("--nvme-dir", f.nvme_dirs, "the tier's directories (repeat for several disks)");
+  app.add_option("--nvme-layers", f.nvme_layers, "the last K layers on the tier (-1: every unit; 0: the fewest that "
+                                                 "fit this machine's memory)");
+  app.add_option("--nvme-chunk-mb", f.nvme_chunk_mb, "the tier's chunk")->check(CLI::Range(1, 4096));
+  app.add_option("--nvme-buffers", f.nvme_buffers, "the tier's ring buffers")->check(CLI::Range(2, 1024));
+  app.add_option("--nvme-queue-depth", f.nvme_queue_depth, "I/O requests in flight a thread")->check(CLI::Range(1, 4096));
+  app.add_option("--nvme-threads", f.nvme_threads, "I/O threads")->check(CLI::Range(1, 64));
+  app.add_flag("--huge-pages,!--no-huge-pages", f.huge_pages, "host state on transparent huge pages (default on)");
+  app.add_flag("--kernels,!--no-kernels", f.kernels, "the fused CUDA kernels (off: LibTorch's ops)");
+  app.add_flag("--phase-memory", f.phase_memory, "each phase's peak device memory beside the plan (second line)");
+  app.add_flag("--plan-only", f.plan_only, "print the plan's totals as one JSON line; allocate nothing");
+  app.add_option("--trace-out", f.trace_out, "the last step's timeline as Chrome trace JSON");
+  CLI11_PARSE(app, argc, argv);
 
-  ModelConfig cfg;
-  if (PathExists(shape + "/config.json")) {
-    auto loaded = LoadHfConfig(shape);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "sliding_bench: %s\n", loaded.status().ToString().c_str());
-      return 2;
-    }
-    cfg = loaded.value();
+  auto shaped = Shape(f.shape);
+  if (!shaped.ok()) return Fail(shaped.status().ToString());
+  const ModelConfig cfg = shaped.value();
+  SetFusedKernelsEnabled(f.kernels);
+  const bool cuda = f.device == "cuda";
+  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+
+  // What is asked of the trainer, as a job asks it (training_job.cc ResolveJobTrainer), and the budgets.
+  SlidingOptions asked;
+  asked.train.adamw = {.lr = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  asked.train.schedule = {.kind = LrScheduleKind::kConstant, .peak_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
+  asked.train.max_grad_norm = f.max_grad_norm;
+  asked.train.compute_dtype = c10::kBFloat16;
+  asked.train.device = device;
+  asked.train.loss.chunk_tokens = f.head_chunk_tokens;
+  asked.trace = !f.trace_out.empty();
+  auto mode = ParseTierMode(f.nvme_state);
+  if (!mode.ok()) return Fail(mode.status().ToString());
+  asked.nvme.mode = *mode;
+  asked.nvme.io.dirs = f.nvme_dirs;
+  asked.nvme.chunk_bytes = static_cast<size_t>(f.nvme_chunk_mb) << 20;
+  asked.nvme.buffers = f.nvme_buffers;
+  asked.nvme.io.queue_depth = static_cast<unsigned>(f.nvme_queue_depth);
+  asked.nvme.io.io_threads = f.nvme_threads;
+  asked.nvme.layers = f.nvme_layers;
+  asked.device_update_share = f.device_update_share >= 0                  ? f.device_update_share
+                              : cuda && asked.nvme.mode == TierMode::kNone ? kDefaultDeviceUpdateShare
+                                                                           : 0.0;
+  asked.device_update_chunk = f.device_update_chunk;
+  asked.weights_first = f.weights_first == "on"    ? WeightsFirst::kOn
+                        : f.weights_first == "off" ? WeightsFirst::kOff
+                                                   : WeightsFirst::kAuto;
+  asked.host_huge_pages = f.huge_pages;
+  // The allocator's peak restarts at each phase: peak_allocated is then the largest phase's.
+  asked.measure_phase_memory = f.phase_memory;
+  PlanRequest budget;
+  budget.micro_batch = f.batch;
+  budget.seq_len = f.seq;
+  budget.window = f.window;
+  budget.checkpoints = f.checkpoints == "host"     ? CheckpointPlacement::kHost
+                       : f.checkpoints == "device" ? CheckpointPlacement::kDevice
+                                                   : CheckpointPlacement::kAuto;
+  budget.device_budget_bytes = static_cast<int64_t>(f.gpu_budget_gib * double(int64_t(1) << 30));
+  if (!cuda) budget.device_reserved_bytes = 0;
+  if (asked.nvme.mode != TierMode::kNone && f.nvme_layers == 0) budget.host_budget_bytes = PhysicalHostBytes();
+  if (f.resident == "auto") {
+    budget.resident_layers = cuda ? -1 : 0;
   } else {
-    auto named = bench::LlamaShape(shape);
-    if (!named.ok()) {
-      std::fprintf(stderr, "sliding_bench: %s\n", named.status().ToString().c_str());
-      return 2;
+    try {
+      budget.resident_layers = std::stoll(f.resident);
+    } catch (const std::exception&) {
+      return Fail("--resident must be auto or a layer count, got '" + f.resident + "'");
     }
-    cfg = named.value();
   }
-  // SLIDE_KERNELS=0 runs the unfused LibTorch ops instead of the fused CUDA kernels (the with/without comparison).
-  if (const char* k = std::getenv("SLIDE_KERNELS"); k != nullptr && std::string(k) == "0")
-    SetFusedKernelsEnabled(false);
-  const char* trace_out = std::getenv("SLIDE_TRACE_OUT");
-  auto env_int = [](const char* name, int64_t fallback) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
-  };
-  StateTierOptions nvme;
-  if (const char* mode = std::getenv("SLIDE_NVME_STATE"); mode != nullptr && *mode != '\0') {
-    auto parsed = ParseTierMode(mode);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "sliding_bench: %s\n", parsed.status().ToString().c_str());
-      return 2;
-    }
-    nvme.mode = *parsed;
-    const std::string dirs = std::getenv("SLIDE_NVME_DIR") != nullptr ? std::getenv("SLIDE_NVME_DIR") : "/var/tmp";
-    for (size_t start = 0; start <= dirs.size();) {
-      const size_t colon = std::min(dirs.find(':', start), dirs.size());
-      if (colon > start) nvme.io.dirs.push_back(dirs.substr(start, colon - start));
-      start = colon + 1;
-    }
-    nvme.chunk_bytes = static_cast<size_t>(env_int("SLIDE_NVME_CHUNK_MB", 32)) << 20;
-    nvme.buffers = static_cast<int>(env_int("SLIDE_NVME_BUFFERS", 6));
-    nvme.io.queue_depth = static_cast<unsigned>(env_int("SLIDE_NVME_QD", 32));
-    nvme.io.io_threads = static_cast<int>(env_int("SLIDE_NVME_THREADS", 2));
-    nvme.layers = env_int("SLIDE_NVME_LAYERS", -1);
-  }
-  PlanRequest plan_request;
-  plan_request.model = cfg;
-  plan_request.micro_batch = batch;
-  plan_request.seq_len = seq;
-  const int64_t head_chunk_tokens = env_int("SLIDE_HEAD_CHUNK_TOKENS", TrainerOptions{}.loss.chunk_tokens);
-  plan_request.lm_head_chunk_tokens = head_chunk_tokens;
-  plan_request.window = window;
-  // SLIDE_CHECKPOINTS=host parks each layer's input in pinned host memory, so batches whose inputs would not fit
-  // beside the window in the budget run (the critical batch under exact clipping); device keeps them there; auto
-  // (the default, as slided's jobs) lets the planner choose within the 24 GiB budget: the device where they fit.
-  const char* ckpt_env = std::getenv("SLIDE_CHECKPOINTS");
-  const std::string ckpt = ckpt_env != nullptr && *ckpt_env != '\0' ? ckpt_env : "auto";
-  if (ckpt != "auto" && ckpt != "device" && ckpt != "host") {
-    std::fprintf(stderr, "sliding_bench: SLIDE_CHECKPOINTS must be auto, device or host, got '%s'\n", ckpt.c_str());
-    return 2;
-  }
-  plan_request.checkpoints = ckpt == "host"     ? CheckpointPlacement::kHost
-                             : ckpt == "device" ? CheckpointPlacement::kDevice
-                                                : CheckpointPlacement::kAuto;
-  plan_request.device_budget_bytes = int64_t(1) << 50;  // report, do not refuse
-  plan_request.moments_on_nvme = nvme.mode != TierMode::kNone;
-  plan_request.master_on_nvme = nvme.mode == TierMode::kMomentsAndMaster;
-  plan_request.nvme_ring_bytes = StateTierRingBytes(nvme);
-  plan_request.nvme_layers = nvme.layers;
-  if (nvme.mode != TierMode::kNone && nvme.layers == 0) plan_request.host_budget_bytes = PhysicalHostBytes();
-  // SLIDE_WEIGHTS_FIRST=auto|on|off (SlidingOptions::weights_first; default auto).
-  const char* wf_env = std::getenv("SLIDE_WEIGHTS_FIRST");
-  const std::string wf = wf_env != nullptr && *wf_env != '\0' ? wf_env : "auto";
-  if (wf != "auto" && wf != "on" && wf != "off") {
-    std::fprintf(stderr, "sliding_bench: SLIDE_WEIGHTS_FIRST must be auto, on or off, got '%s'\n", wf.c_str());
-    return 2;
-  }
-  plan_request.weights_first = wf != "off" && max_grad_norm > 0;
-  const int64_t gpu_budget = int64_t(24) << 30;  // an RTX 4090's memory: the allocator is capped there
-  const char* resident_env = std::getenv("SLIDE_RESIDENT");
-  const std::string resident_mode = resident_env != nullptr && *resident_env != '\0' ? resident_env
-                                    : device.is_cuda()                               ? "auto"
-                                                                                     : "0";
-  // The share slided's GPU jobs stream unless SLIDE_DEVICE_UPDATE_SHARE says otherwise (then it is kept even beside
-  // parked layer inputs).
-  const char* share_env = std::getenv("SLIDE_DEVICE_UPDATE_SHARE");
-  const bool share_given = share_env != nullptr && *share_env != '\0';
-  double share = share_given                                        ? std::atof(share_env)
-                 : device.is_cuda() && nvme.mode == TierMode::kNone ? kDefaultDeviceUpdateShare
-                                                                    : 0.0;
-  auto count_streamed_ring = [&] {  // the ring's device buffers are part of the plan (and of the room left for
-    SlidingOptions ring;            // resident layers)
-    ring.device_update_share = share;
-    ring.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", ring.device_update_chunk);
-    plan_request.streamed_ring_bytes = ring.DeviceUpdateRingBytes();
-  };
-  count_streamed_ring();
-  if (plan_request.checkpoints == CheckpointPlacement::kAuto) {  // the planner's choice within the budget
-    PlanRequest r = plan_request;
-    r.device_budget_bytes = gpu_budget;
-    auto chosen = PlanMemory(r);
-    plan_request.checkpoints =
-        chosen.ok() && chosen->checkpoints_on_host ? CheckpointPlacement::kHost : CheckpointPlacement::kDevice;
-  }
-  if (!share_given) {  // as a job's trainer: nothing streams beside parked layer inputs
-    share = PlannedDeviceUpdateShare(share, plan_request.checkpoints == CheckpointPlacement::kHost);
-    count_streamed_ring();
-  }
-  if (resident_mode == "auto") {
-    PlanRequest r = plan_request;
-    r.device_budget_bytes = gpu_budget;
-    r.resident_layers = -1;
-    auto fitted = PlanMemory(r);
-    plan_request.resident_layers = fitted.ok() ? fitted->resident_layers : 0;
-  } else {
-    plan_request.resident_layers = std::atoll(resident_mode.c_str());
-  }
-  const auto planned = PlanMemory(plan_request);
-  if (!planned.ok()) {
-    std::fprintf(stderr, "sliding_bench: %s\n", planned.status().ToString().c_str());
-    return 2;
-  }
-  const MemoryPlan& plan = planned.value();
-  if (nvme.mode != TierMode::kNone) nvme.layers = plan.nvme_layers;  // the planner's pick for 0
+  auto resolved = ResolveTrainer(cfg, asked, budget);
+  if (!resolved.ok()) return Fail(resolved.status().ToString());
+  const MemoryPlan& plan = resolved->plan;
+  const SlidingOptions& so = resolved->options;
   std::fprintf(stderr, "%s", plan.ToString().c_str());
-  // SLIDE_PLAN_ONLY=1: the plan's totals as one JSON line, nothing allocated (run_gpu.sh largest sizes its ladder
-  // with it; the plan was within 1 GiB of the measured host peak at 8B).
-  if (const char* only = std::getenv("SLIDE_PLAN_ONLY"); only != nullptr && std::string(only) == "1") {
-    std::printf(
-        "{\"bench\": \"plan\", \"shape\": \"%s\", \"params\": %lld, \"resident_layers\": %lld, "
-        "\"planned_gpu_bytes\": %lld, \"planned_host_bytes\": %lld, \"nvme_bytes\": %lld, \"nvme_layers\": %lld}\n",
-        shape.c_str(), (long long)cfg.TotalParamCount(), (long long)plan.resident_layers, (long long)plan.device_total,
-        (long long)plan.host_total, (long long)plan.nvme_bytes, (long long)plan.nvme_layers);
+  if (f.plan_only) {
+    std::printf("%s\n", Json{{"bench", "plan"},
+                             {"shape", f.shape},
+                             {"params", cfg.TotalParamCount()},
+                             {"resident_layers", plan.resident_layers},
+                             {"planned_gpu_bytes", plan.device_total},
+                             {"planned_host_bytes", plan.host_total},
+                             {"nvme_bytes", plan.nvme_bytes},
+                             {"nvme_layers", plan.nvme_layers}}
+                            .dump()
+                            .c_str());
     return 0;
   }
-  ModelParams init = bench::RandomLlamaParams(cfg);
 
-  TrainerOptions o;
-  o.adamw = {.lr = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  o.schedule = {.kind = LrScheduleKind::kConstant, .peak_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
-  o.max_grad_norm = max_grad_norm;
-  o.compute_dtype = c10::kBFloat16;
-  o.device = device;
-  o.loss.chunk_tokens = head_chunk_tokens;
-  SlidingOptions so{.train = o,
-                    .window = window,
-                    .checkpoints_on_host = plan.checkpoints_on_host,
-                    .device_budget_bytes = gpu_budget,
-                    .trace = trace_out != nullptr};
-  so.nvme = nvme;
-  so.resident_layers = plan.resident_layers;
-  so.device_update_share = share;
-  so.device_update_chunk = env_int("SLIDE_DEVICE_UPDATE_CHUNK", so.device_update_chunk);
-  so.weights_first = wf == "on" ? WeightsFirst::kOn : wf == "off" ? WeightsFirst::kOff : WeightsFirst::kAuto;
-  so.host_huge_pages = env_int("SLIDE_HUGE_PAGES", 1) != 0;  // 0: the host state on small pages (the comparison)
-  // SLIDE_PHASE_MEMORY=1: each phase's peak device memory beside the plan's estimate of it (a second JSON line); the
-  // allocator's peak then restarts at each phase, so peak_allocated is the largest phase's.
-  so.measure_phase_memory = env_int("SLIDE_PHASE_MEMORY", 0) != 0;
-  SlidingTrainer trainer(cfg, std::move(init), so);
+  auto made = SlidingTrainer::Create(cfg, bench::RandomLlamaParams(cfg), *resolved);
+  if (!made.ok()) return Fail(made.status().ToString());
+  SlidingTrainer& trainer = **made;
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
-  if (trainer.tier() != nullptr) std::fprintf(stderr, "optimizer state: %s\n", trainer.tier()->description().c_str());
+  const StateTier* tier = trainer.tier();
+  if (tier != nullptr) std::fprintf(stderr, "optimizer state: %s\n", tier->description().c_str());
   // The tier's traffic from here on: steps + warm-up update passes, all drained at the end.
-  const int64_t nvme_read0 = trainer.tier() ? trainer.tier()->store().bytes_read() : 0;
-  const int64_t nvme_written0 = trainer.tier() ? trainer.tier()->store().bytes_written() : 0;
+  const int64_t nvme_read0 = tier ? tier->store().bytes_read() : 0;
+  const int64_t nvme_written0 = tier ? tier->store().bytes_written() : 0;
 
   auto batch_for = [&](int64_t s) {
     at::manual_seed(s);
-    at::Tensor ids = at::randint(0, cfg.vocab_size, {batch, seq}, at::kLong);
+    at::Tensor ids = at::randint(0, cfg.vocab_size, {f.batch, f.seq}, at::kLong);
     return std::vector<MicroBatch>{{ids, ShiftLabels(ids)}};
   };
   const auto bench_start = std::chrono::steady_clock::now();
@@ -227,12 +200,7 @@ int main(int argc, char** argv) {
   auto since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
   };
-  // Warm-up: allocator, cuBLAS handles, first updates, then until the automatic weights-first choice has measured
-  // both schedules (a job is past that after its first few steps; at most SLIDE_WARMUP_STEPS, default 6).
-  const int64_t max_warmup = std::max<int64_t>(1, env_int("SLIDE_WARMUP_STEPS", 6));
-  int64_t warmup = 0;
-  // A step's error ends the benchmark with it (the trainer returns statuses, not exceptions).
-  auto step = [&](int64_t seed) {
+  auto step = [&](int64_t seed) {  // a step's error ends the benchmark with it
     StatusOr<StepStats> st = trainer.Step(batch_for(seed));
     if (!st.ok()) {
       std::fprintf(stderr, "sliding_bench: step failed: %s\n", st.status().ToString().c_str());
@@ -240,140 +208,168 @@ int main(int argc, char** argv) {
     }
     return st.value();
   };
+  // Warm-up: allocator, cuBLAS handles, first updates, then until the automatic weights-first choice has measured
+  // both schedules (a job is past that after its first few steps).
+  int64_t warmup = 0;
   do {
-    step(warmup == 0 ? 0 : steps + warmup);  // seeds apart from the timed steps' 1..steps
+    step(warmup == 0 ? 0 : f.steps + warmup);  // seeds apart from the timed steps' 1..steps
     ++warmup;
-  } while (warmup < max_warmup && !trainer.schedule_settled());
+  } while (warmup < f.warmup_steps && !trainer.schedule_settled());
   std::fprintf(stderr, "sliding_bench: %lld warm-up steps done at %.1f s\n", (long long)warmup, since_start());
   const DeviceAllocatorStats after_first = ReadDeviceAllocatorStats();
   ResourceBusy sum;
   int weights_first_steps = 0;  // timed steps whose updates went weights first
   // Mean step time by the schedule of the updates a step ran (posted by the step before), counting a step only when
-  // the step before it ran the same schedule (a switch spills into the next step): the automatic choice's two
-  // measurements side by side.
+  // the step before it ran the same schedule (a switch spills into the next step).
   double schedule_s[2] = {0, 0};
   int schedule_n[2] = {0, 0};
   bool posted_first = trainer.last_busy().weights_first, ran_before = false, have_before = false;
   double loss = 0;
   PhaseMemory phases;  // the largest of each phase over the timed steps
-  auto t0 = std::chrono::steady_clock::now();
-  for (int s = 1; s <= steps; ++s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 1; s <= f.steps; ++s) {
     loss = step(s).loss;
     phases.Include(trainer.last_phase_memory());
-    const auto& b = trainer.last_busy();
-    sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update,
-        sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
+    const ResourceBusy& b = trainer.last_busy();
+    sum.compute += b.compute, sum.h2d += b.h2d, sum.d2h += b.d2h, sum.cpu_update += b.cpu_update;
+    sum.wait_update += b.wait_update, sum.nvme += b.nvme, sum.step += b.step, sum.device_update += b.device_update;
     sum.cpu_update_weights += b.cpu_update_weights;
     weights_first_steps += b.weights_first ? 1 : 0;
     const bool ran_first = posted_first;
     if (have_before && ran_before == ran_first) schedule_s[ran_first] += b.step, ++schedule_n[ran_first];
     ran_before = ran_first, have_before = true, posted_first = b.weights_first;
-    // Progress on stderr: a run that stalls or crawls shows how far it got.
-    std::fprintf(stderr, "sliding_bench: step %d of %d: %.3f s, ran %s updates, at %.1f s\n", s, steps, b.step,
+    std::fprintf(stderr, "sliding_bench: step %d of %d: %.3f s, ran %s updates, at %.1f s\n", s, f.steps, b.step,
                  ran_first ? "weights-first" : "whole", since_start());
   }
-  if (Status st = trainer.SyncUpdates(); !st.ok()) {  // drain the last step's updates (and write-backs)
-    std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  if (trace_out != nullptr && !trainer.last_trace().empty()) {
+  if (Status st = trainer.SyncUpdates(); !st.ok()) return Fail(st.ToString());  // the last updates, written back
+  if (!f.trace_out.empty() && !trainer.last_trace().empty()) {
     double origin = trainer.last_trace().front().t0;
     for (const auto& span : trainer.last_trace()) origin = std::min(origin, span.t0);
-    if (Status st = WriteFileAtomic(trace_out, ToChromeTrace(trainer.last_trace(), origin)); !st.ok())
+    if (Status st = WriteFileAtomic(f.trace_out, ToChromeTrace(trainer.last_trace(), origin)); !st.ok())
       std::fprintf(stderr, "sliding_bench: %s\n", st.ToString().c_str());
   }
   const DeviceAllocatorStats after_last = ReadDeviceAllocatorStats();
-  const bool expandable = DeviceSegmentsExpandable();  // walks the allocator's segments: once
   // Steady state: each Step() includes waiting for the previous step's updates, so the mean Step() time is the
-  // throughput of a long run. The wall time until the last step's updates drained is reported as well; with few
-  // steps it adds a whole update to them (the figures before c400d60 were taken that way).
+  // throughput of a long run; the wall time until the last step's updates drained is reported beside it.
   const double wall_with_drain = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double secs = sum.step;
-  const double tokens = double(batch) * seq * steps;
+  const double secs = sum.step, steps = f.steps;
+  const double tokens = double(f.batch) * double(f.seq) * steps;
   const double n = double(cfg.TotalParamCount());
   // attention: 2 matmuls (QK^T, PV) of 2*S*S*d per layer forward, causal halves it, x3 for fwd+bwd.
-  const double attn = 3.0 * 2.0 * 2.0 * cfg.num_layers * double(seq) * seq * cfg.q_dim() / 2.0 * batch * steps;
-  const double tflops = (6.0 * n * tokens + attn) / secs / 1e12;
-  const double peak_dev = double(after_last.peak_reserved_bytes);  // 0 without CUDA
-  sum.compute /= steps, sum.h2d /= steps, sum.d2h /= steps, sum.cpu_update /= steps, sum.wait_update /= steps;
-  sum.nvme /= steps;
-  sum.device_update /= steps;
-  sum.cpu_update_weights /= steps;
-  // Bytes per update pass; the rate as `steps` passes over the timed wall time (the last step's drain included,
-  // the last warm-up pass's tail overlapping the first timed step).
-  const double nvme_read =
-      trainer.tier() ? double(trainer.tier()->store().bytes_read() - nvme_read0) / (steps + warmup) : 0;
-  const double nvme_written =
-      trainer.tier() ? double(trainer.tier()->store().bytes_written() - nvme_written0) / (steps + warmup) : 0;
-  sum.step = secs / steps;  // mean Step() time
-  const char* bound = sum.Bound();
-  std::printf(
-      "{\"bench\": \"sliding\", \"shape\": \"%s\", \"params\": %.0f, \"layers\": %lld, \"hidden\": %lld, \"vocab\": "
-      "%lld, "
-      "\"batch\": %lld, \"seq\": %lld, \"head_chunk_tokens\": %lld, \"window\": %lld, \"checkpoints_on_host\": %s, "
-      "\"resident_layers\": %lld, "
-      "\"device_update_share\": %.2f, \"streamed_units\": %lld, "
-      "\"max_grad_norm\": %.2f, "
-      "\"steps\": %d, \"warmup_steps\": %lld, \"device\": \"%s\", "
-      "\"tokens_per_s\": %.1f, "
-      "\"model_tflops\": %.2f, \"step_s\": %.3f, \"wall_s_incl_last_update_drain\": %.3f, \"peak_gpu_bytes\": %.0f, "
-      "\"planned_gpu_bytes\": %lld, "
-      "\"planned_host_bytes\": %lld, \"peak_host_rss_bytes\": %.0f, \"peak_host_rss_after_setup_bytes\": %.0f, "
-      "\"host_rss_bytes_after\": %.0f, "
-      "\"busy_per_step_s\": {\"compute\": %.3f, \"h2d\": %.3f, \"d2h\": %.3f, \"cpu_update\": %.3f, \"wait_update\": "
-      "%.3f, \"device_update\": %.3f, \"cpu_update_weights\": %.3f}, \"weights_first\": \"%s\", "
-      "\"weights_first_steps\": %d, \"step_s_by_schedule\": {\"whole\": %.3f, \"whole_steps\": %d, "
-      "\"weights_first\": %.3f, \"weights_first_steps\": %d}, \"ring_loads\": %lld, \"edge_ring_chunks\": %lld, "
-      "\"host_huge_pages\": %s, \"thp_available\": %s, \"setup_s\": %.1f, \"fused_kernels\": %s, \"nvme_state\": "
-      "\"%s\", \"nvme_layers\": %lld, \"nvme\": {\"wait_per_step_s\": %.3f, "
-      "\"read_bytes_per_update\": "
-      "%.0f, "
-      "\"written_bytes_per_update\": %.0f, \"read_gb_s\": %.3f, \"write_gb_s\": %.3f, \"disk_bytes\": %lld, "
-      "\"ring_bytes\": %lld, \"backend\": \"%s\"}, "
-      "\"bounded_by\": \"%s\", \"overlap_ratio\": %.3f, \"loss\": %.4f, \"gpu_budget_bytes\": %lld, \"allocator\": "
-      "{\"reserved_after_step1\": "
-      "%lld, \"reserved_after_last\": %lld, \"device_allocs_after_step1\": %lld, \"device_allocs_after_last\": "
-      "%lld, \"peak_allocated\": %lld, \"alloc_retries\": %lld, \"ooms\": %lld, \"expandable_segments\": %s}, "
-      "\"note\": \"device compute/h2d/d2h "
-      "busy from CUDA "
-      "events; cpu_update timed inside update tasks; wait_update = engine thread blocked on updates; overlap_ratio = "
-      "step / busiest resource (1 = all else hidden)\"}\n",
-      shape.c_str(), n, (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.vocab_size,
-      (long long)batch, (long long)seq, (long long)head_chunk_tokens, (long long)window,
-      plan.checkpoints_on_host ? "true" : "false", (long long)plan.resident_layers, so.device_update_share,
-      (long long)trainer.streamed_units(), max_grad_norm, steps, (long long)warmup, dev.c_str(), tokens / secs, tflops,
-      secs / steps, wall_with_drain, peak_dev, (long long)plan.device_total, (long long)plan.host_total,
-      double(PeakResidentHostBytes()), peak_after_setup, double(ResidentHostBytes()), sum.compute, sum.h2d, sum.d2h,
-      sum.cpu_update, sum.wait_update, sum.device_update, sum.cpu_update_weights, wf.c_str(), weights_first_steps,
-      schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0, schedule_n[0],
-      schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0, schedule_n[1], (long long)trainer.ring_loads(),
-      (long long)trainer.edge_ring_chunks(), so.host_huge_pages ? "true" : "false",
-      HostHugePagesAvailable() ? "true" : "false", setup_s, FusedKernelsEnabled() ? "true" : "false",
-      TierModeName(nvme.mode), (long long)nvme.layers, sum.nvme, nvme_read, nvme_written,
-      nvme_read * steps / wall_with_drain / 1e9, nvme_written * steps / wall_with_drain / 1e9,
-      trainer.tier() ? (long long)trainer.tier()->disk_bytes() : 0LL,
-      trainer.tier() ? (long long)trainer.tier()->ring_bytes() : 0LL,
-      trainer.tier() ? trainer.tier()->store().backend_name().c_str() : "", bound, sum.OverlapRatio(), loss,
-      (long long)gpu_budget, (long long)after_first.reserved_bytes, (long long)after_last.reserved_bytes,
-      (long long)after_first.device_allocations, (long long)after_last.device_allocations,
-      (long long)after_last.peak_allocated_bytes, (long long)after_last.alloc_retries, (long long)after_last.ooms,
-      expandable ? "true" : "false");
-  if (so.measure_phase_memory && device.is_cuda()) {
-    // Beside the plan's estimate of each phase (MemoryPlan::PlannedPhasePeaks; until ee3c785 the plan had no forward
-    // phase, so "forward" was its inputs alone).
+  const double attn =
+      3.0 * 2.0 * 2.0 * cfg.num_layers * double(f.seq) * double(f.seq) * cfg.q_dim() / 2.0 * double(f.batch) * steps;
+  for (double* v : {&sum.compute, &sum.h2d, &sum.d2h, &sum.cpu_update, &sum.wait_update, &sum.nvme,
+                    &sum.device_update, &sum.cpu_update_weights})
+    *v /= steps;
+  sum.step = secs / steps;
+  // Bytes per update pass; the rate as `steps` passes over the timed wall time.
+  const double passes = steps + double(warmup);
+  const double nvme_read = tier ? double(tier->store().bytes_read() - nvme_read0) / passes : 0;
+  const double nvme_written = tier ? double(tier->store().bytes_written() - nvme_written0) / passes : 0;
+  Json line = {
+      {"bench", "sliding"},
+      {"shape", f.shape},
+      {"params", n},
+      {"layers", cfg.num_layers},
+      {"hidden", cfg.hidden_size},
+      {"vocab", cfg.vocab_size},
+      {"batch", f.batch},
+      {"seq", f.seq},
+      {"head_chunk_tokens", f.head_chunk_tokens},
+      {"window", so.window},
+      {"checkpoints_on_host", plan.checkpoints_on_host},
+      {"resident_layers", plan.resident_layers},
+      {"device_update_share", so.device_update_share},
+      {"streamed_units", trainer.streamed_units()},
+      {"max_grad_norm", f.max_grad_norm},
+      {"steps", f.steps},
+      {"warmup_steps", warmup},
+      {"device", f.device},
+      {"tokens_per_s", tokens / secs},
+      {"model_tflops", (6.0 * n * tokens + attn) / secs / 1e12},
+      {"step_s", secs / steps},
+      {"wall_s_incl_last_update_drain", wall_with_drain},
+      {"peak_gpu_bytes", after_last.peak_reserved_bytes},
+      {"planned_gpu_bytes", plan.device_total},
+      {"planned_host_bytes", plan.host_total},
+      {"peak_host_rss_bytes", PeakResidentHostBytes()},
+      {"peak_host_rss_after_setup_bytes", peak_after_setup},
+      {"host_rss_bytes_after", ResidentHostBytes()},
+      {"busy_per_step_s",
+       {{"compute", sum.compute},
+        {"h2d", sum.h2d},
+        {"d2h", sum.d2h},
+        {"cpu_update", sum.cpu_update},
+        {"wait_update", sum.wait_update},
+        {"device_update", sum.device_update},
+        {"cpu_update_weights", sum.cpu_update_weights}}},
+      {"weights_first", f.weights_first},
+      {"weights_first_steps", weights_first_steps},
+      {"step_s_by_schedule",
+       {{"whole", schedule_n[0] ? schedule_s[0] / schedule_n[0] : 0.0},
+        {"whole_steps", schedule_n[0]},
+        {"weights_first", schedule_n[1] ? schedule_s[1] / schedule_n[1] : 0.0},
+        {"weights_first_steps", schedule_n[1]}}},
+      {"ring_loads", trainer.ring_loads()},
+      {"edge_ring_chunks", trainer.edge_ring_chunks()},
+      {"host_huge_pages", so.host_huge_pages},
+      {"thp_available", HostHugePagesAvailable()},
+      {"setup_s", setup_s},
+      {"fused_kernels", FusedKernelsEnabled()},
+      {"nvme_state", TierModeName(so.nvme.mode)},
+      {"nvme_layers", so.nvme.mode != TierMode::kNone ? plan.nvme_layers : 0},
+      {"nvme",
+       {{"wait_per_step_s", sum.nvme},
+        {"read_bytes_per_update", nvme_read},
+        {"written_bytes_per_update", nvme_written},
+        {"read_gb_s", nvme_read * steps / wall_with_drain / 1e9},
+        {"write_gb_s", nvme_written * steps / wall_with_drain / 1e9},
+        {"disk_bytes", tier ? tier->disk_bytes() : 0},
+        {"ring_bytes", tier ? tier->ring_bytes() : 0},
+        {"backend", tier ? tier->store().backend_name() : ""}}},
+      {"bounded_by", sum.Bound()},
+      {"overlap_ratio", sum.OverlapRatio()},
+      {"loss", loss},
+      {"gpu_budget_bytes", so.device_budget_bytes},
+      {"allocator",
+       {{"reserved_after_step1", after_first.reserved_bytes},
+        {"reserved_after_last", after_last.reserved_bytes},
+        {"device_allocs_after_step1", after_first.device_allocations},
+        {"device_allocs_after_last", after_last.device_allocations},
+        {"peak_allocated", after_last.peak_allocated_bytes},
+        {"alloc_retries", after_last.alloc_retries},
+        {"ooms", after_last.ooms},
+        {"expandable_segments", DeviceSegmentsExpandable()}}},
+      {"note",
+       "device compute/h2d/d2h busy from CUDA events; cpu_update timed inside update tasks; wait_update = engine "
+       "thread blocked on updates; overlap_ratio = step / busiest resource (1 = all else hidden)"}};
+  std::printf("%s\n", line.dump().c_str());
+  if (f.phase_memory && cuda) {  // beside the plan's estimate of each phase (MemoryPlan::PlannedPhasePeaks)
     const MemoryPlan::PhasePeaks planned = plan.PlannedPhasePeaks();
-    std::printf(
-        "{\"bench\": \"phase_memory\", \"shape\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"resident_layers\": %lld, "
-        "\"checkpoints_on_host\": %s, \"expandable_segments\": %s, \"measured\": {\"step_start\": %lld, \"forward\": "
-        "%lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld, \"update\": %lld}, \"planned\": {\"step_start\": "
-        "%lld, \"forward\": %lld, \"head\": %lld, \"layers\": %lld, \"embedding\": %lld}, "
-        "\"planned_total_less_reserve\": %lld, \"peak_reserved\": %lld}\n",
-        shape.c_str(), (long long)batch, (long long)seq, (long long)plan.resident_layers,
-        plan.checkpoints_on_host ? "true" : "false", expandable ? "true" : "false", (long long)phases.step_start,
-        (long long)phases.forward, (long long)phases.head, (long long)phases.layers, (long long)phases.embedding,
-        (long long)phases.update, (long long)planned.step_start, (long long)planned.forward, (long long)planned.head,
-        (long long)planned.layers, (long long)planned.embedding, (long long)(plan.device_total - plan.reserved_bytes),
-        (long long)after_last.peak_reserved_bytes);
+    Json memory = {
+        {"bench", "phase_memory"},
+        {"shape", f.shape},
+        {"batch", f.batch},
+        {"seq", f.seq},
+        {"resident_layers", plan.resident_layers},
+        {"checkpoints_on_host", plan.checkpoints_on_host},
+        {"expandable_segments", DeviceSegmentsExpandable()},
+        {"measured",
+         {{"step_start", phases.step_start},
+          {"forward", phases.forward},
+          {"head", phases.head},
+          {"layers", phases.layers},
+          {"embedding", phases.embedding},
+          {"update", phases.update}}},
+        {"planned",
+         {{"step_start", planned.step_start},
+          {"forward", planned.forward},
+          {"head", planned.head},
+          {"layers", planned.layers},
+          {"embedding", planned.embedding}}},
+        {"planned_total_less_reserve", plan.device_total - plan.reserved_bytes},
+        {"peak_reserved", after_last.peak_reserved_bytes}};
+    std::printf("%s\n", memory.dump().c_str());
   }
   return 0;
 }
