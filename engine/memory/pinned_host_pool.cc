@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <string>
 
 #if SLIDE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -15,12 +16,16 @@
 namespace slide {
 namespace {
 
-bool Lock(void* p, size_t bytes) {
+// "" when locked, else the reason (CUDA's error, cleared so that no later launch check reports it).
+std::string Lock(void* p, size_t bytes) {
 #if SLIDE_HAVE_CUDA
-  return cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess;
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (e == cudaSuccess) return "";
+  (void)cudaGetLastError();
+  return cudaGetErrorString(e);
 #else
   (void)p, (void)bytes;
-  return false;
+  return "no CUDA in this build";
 #endif
 }
 
@@ -50,9 +55,9 @@ at::Tensor PinnedHostPool::Allocate(int64_t numel, c10::ScalarType dtype) {
   void* p = std::aligned_alloc(page, rounded);
   TORCH_CHECK(p != nullptr, "out of host memory allocating ", rounded, " bytes");
   if (!page_lock_) return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
-  if (!Lock(p, bytes)) {
+  if (const std::string error = Lock(p, bytes); !error.empty()) {
     std::free(p);
-    TORCH_CHECK(false, "page-locking ", bytes, " bytes of host memory failed");
+    TORCH_CHECK(false, "page-locking ", bytes, " bytes of host memory failed: ", error);
   }
   *locked_bytes_ += static_cast<int64_t>(bytes);
   auto counter = locked_bytes_;

@@ -53,9 +53,9 @@ StatusOr<int64_t> CheckMicroBatches(const std::vector<MicroBatch>& mbs, int64_t 
     const std::string where = "micro-batch " + std::to_string(k) + ": ";
     if (!ids.defined() || ids.dim() != 2 || !at::isIntegralType(ids.scalar_type(), /*includeBool=*/false))
       return InvalidArgument(where + "input_ids must be token ids of shape [batch, seq]");
-    if (!targets.defined() || targets.sizes() != ids.sizes() ||
+    if (!targets.defined() || targets.numel() != ids.numel() ||
         !at::isIntegralType(targets.scalar_type(), /*includeBool=*/false))
-      return InvalidArgument(where + "targets must be integers of the input_ids' shape");
+      return InvalidArgument(where + "targets must be integers, one per input token");
     if (planned_tokens > 0 && ids.numel() > planned_tokens)
       return InvalidArgument(where + std::to_string(ids.numel()) + " tokens exceed the " +
                              std::to_string(planned_tokens) + " the memory plan was made for");
@@ -77,8 +77,12 @@ StatusOr<int64_t> CheckMicroBatches(const std::vector<MicroBatch>& mbs, int64_t 
                                  " is neither -100 nor a token id in [0, " + std::to_string(vocab) + ")");
         ++valid;
       }
-    } else {
-      valid += CheckedTargetCount(targets, vocab);  // device tensors (tests): a c10::Error, caught by the caller
+    } else {  // device tensors (tests)
+      try {
+        valid += CheckedTargetCount(targets, vocab);
+      } catch (const c10::Error& e) {
+        return InvalidArgument(where + e.what_without_backtrace());
+      }
     }
   }
   return valid;
@@ -243,7 +247,10 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
 
 StatusOr<StepStats> SlidingTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   SLIDE_ASSIGN_OR_RETURN(const int64_t valid, CheckMicroBatches(micro_batches, cfg_.vocab_size, planned_tokens_));
-  SLIDE_RETURN_IF_ERROR(updates_->status());
+  if (Status failed = updates_->status(); !failed.ok()) {
+    updates_->CancelWeightRing();  // no forward will read what waits there
+    return failed;
+  }
   return StatusFromExceptions<StepStats>([&] { return RunStep(micro_batches, valid); });
 }
 
@@ -270,8 +277,9 @@ double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches, int
                            mb.targets.to(opts_.train.device), normalizer, opts_.train.loss));
   }
   queue_->TakeBusy();  // evaluation time is not part of the next step's accounting
+  const double loss = loss_sum.item<double>();
   guard.Done();
-  return loss_sum.item<double>();
+  return loss;
 }
 
 at::Tensor SlidingTrainer::HeadBackward(const at::Tensor& x, const at::Tensor& targets, double normalizer,
@@ -291,7 +299,7 @@ at::Tensor SlidingTrainer::HeadBackward(const at::Tensor& x, const at::Tensor& t
 
 // Layer i is loaded. Parked inputs come back one layer ahead of their backward; the slot the layer used reloads
 // layer i - W; the gradient lands.
-at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& parked, const at::Tensor& dx,
+at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& parked, at::Tensor dx,
                                          const RopeTables& rope, bool first, bool last) {
   const int w = window_->LayerSlot(i);
   const bool in_slot = window_->InSlot(i);
@@ -307,6 +315,7 @@ at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& par
   queue_->BeginCompute();
   at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
   y.backward(dx);
+  dx.reset();  // the layer above's gradient goes back to the allocator before this one's lands
   at::Tensor dxi = xi.grad();
   queue_->EndCompute();
   if (in_slot) queue_->ReleaseSlot(w);
@@ -359,7 +368,7 @@ StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro
     for (int64_t i = L - 1; i >= 0; --i) {
       EnsureLoaded(i);
       probe.Begin();
-      dx = LayerBackward(i, parked, dx, rope, first, last);
+      dx = LayerBackward(i, parked, std::move(dx), rope, first, last);
       probe.End(memory.layers);
       if (last && !clip) updates_->PostUpdate(1 + i, lr, 1.0f, step_ + 1);
     }

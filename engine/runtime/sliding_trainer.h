@@ -118,8 +118,8 @@ class SlidingTrainer {
                           const at::Tensor& head_leaf, at::Tensor& loss_sum);
   // Layer `layer`'s recompute and backward from its parked input (its weights loaded); lands its gradient and
   // returns the gradient of its input.
-  at::Tensor LayerBackward(int64_t layer, std::vector<at::Tensor>& parked, const at::Tensor& dx,
-                           const RopeTables& rope, bool first, bool last);
+  at::Tensor LayerBackward(int64_t layer, std::vector<at::Tensor>& parked, at::Tensor dx, const RopeTables& rope,
+                           bool first, bool last);
   void EnsureLoaded(int64_t layer);  // issue the load of `layer` into its slot unless it is there
   void Prefetch(int64_t layer);      // the same, only when its update has finished (never waits)
   void LoadEdgeUnit(bool head);      // the embedding or the head buffer
@@ -132,7 +132,7 @@ class SlidingTrainer {
   SimdLevel simd_;
   StepMeter meter_;
   // Built queue, units, window, updates; torn down (~SlidingTrainer) updates first (its workers stop, streamed
-  // write-backs land), then the queue (unregisters the page-locked memory), then the memory itself.
+  // write-backs land), then the queue (its streams), then the memory (each page-locked buffer unlocked as it goes).
   std::unique_ptr<DeviceQueue> queue_;
   std::unique_ptr<UnitStore> units_;
   std::unique_ptr<SlotWindow> window_;

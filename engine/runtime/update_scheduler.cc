@@ -21,7 +21,7 @@ UpdateScheduler::UpdateScheduler(UnitStore& units, DeviceQueue& queue, StepMeter
       simd_(simd),
       n_units_(units.size()),
       weights_first_mode_(options.weights_first) {
-  if (units.streamed_units() > 0) {
+  if (options.device_update_share > 0) {  // as the plan counts it, even where no layer streams
     queue_.EnableStreamedUpdates(options.device_update_chunk, 3, n_units_, simd);
     stream_worker_ = std::make_unique<UpdateWorker>(n_units_);
   }
@@ -287,7 +287,7 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
       });
       io_waited = tier->io_wait_ns() - waited_before;
       meter_.AddNvmeWait(io_waited);
-      if (!st.ok()) Fail(Status(st.code(), "unit " + std::to_string(unit) + "'s update: " + st.message()));
+      if (!st.ok()) return Fail(Status(st.code(), "unit " + std::to_string(unit) + "'s update: " + st.message()));
     }
     const int64_t took_ns = SteadyNowNs() - t0;
     meter_.AddWholeUpdate(took_ns - io_waited);  // CPU time; the disk's share is counted as nvme

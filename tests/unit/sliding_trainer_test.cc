@@ -788,7 +788,7 @@ TEST(SlidingTrainer, BadMicroBatchesAndOptionsAreStatusesAndLoseNothing) {
       {{}, "at least one micro-batch"},
       {{{out_of_vocab, ids}}, "token id " + std::to_string(V) + " at position 11 is outside the vocabulary"},
       {{{ids, bad_target}}, "target -7 at position 5 is neither -100 nor a token id"},
-      {{{ids, ids.narrow(1, 0, 4)}}, "targets must be integers of the input_ids' shape"},
+      {{{ids, ids.narrow(1, 0, 4)}}, "targets must be integers, one per input token"},
       {{{ids.to(at::kFloat), ids}}, "input_ids must be token ids"},
       {{{ids.reshape({16}), ids.reshape({16})}}, "input_ids must be token ids of shape [batch, seq]"},
   };
