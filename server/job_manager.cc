@@ -58,6 +58,7 @@ JobEnvironment JobManager::EnvironmentOf(const std::string& id) const {
   JobEnvironment env;
   env.allowed_roots = options_.allowed_roots;  // the daemon's settings now, never a stored copy
   env.nvme = options_.nvme;
+  env.default_gpu_budget_bytes = options_.default_gpu_budget_bytes;
   if (options_.store != nullptr && !id.empty()) {
     env.checkpoint_dir = options_.store->CheckpointDir(id);
     env.default_checkpoint_every = options_.default_checkpoint_every;

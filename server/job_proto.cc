@@ -123,7 +123,7 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_eval_fraction(s.eval_fraction);
   p->set_device(ToApi(kDevices, s.device));
   p->set_compute_dtype(ToApi(kComputeDtypes, s.compute_dtype));
-  p->set_gpu_budget_bytes(s.gpu_budget_bytes);
+  if (s.gpu_budget_bytes > 0) p->set_gpu_budget_bytes(s.gpu_budget_bytes);  // 0: left to the daemon
   p->set_window(s.window);
   p->set_activation_placement(ToApi(kPlacements, s.activation_placement));
   p->set_log_every(s.log_every);

@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   jm.max_events_per_job = static_cast<size_t>(config.max_events_per_job);
   jm.store = &store;
   jm.default_checkpoint_every = config.checkpoint_every;
+  jm.default_gpu_budget_bytes = config.gpu_budget_bytes;
   jm.max_interrupted_runs = config.max_interrupted_runs;
   jm.observer = &metrics;
   jm.allowed_roots = config.allowed_roots;

@@ -71,7 +71,6 @@ grpc::Status SlideService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJ
   if (draining_) return {grpc::StatusCode::UNAVAILABLE, "the daemon is draining"};
   auto spec = SpecFromProto(req->spec());
   if (!spec.ok()) return ToGrpc(spec.status());
-  if (!req->spec().has_gpu_budget_bytes()) spec->gpu_budget_bytes = options_.gpu_budget_bytes;
   auto r = jobs_.Submit(req->spec().name(), *spec);
   if (!r.ok()) return ToGrpc(r.status());
   JobToProto(r.value(), resp->mutable_job());

@@ -93,7 +93,7 @@ StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const Traini
   budget.micro_batch = MicroBatchSize(spec);
   budget.seq_len = spec.seq_len;
   budget.grad_accum = spec.batch_size / budget.micro_batch;
-  budget.device_budget_bytes = spec.gpu_budget_bytes;
+  budget.device_budget_bytes = spec.gpu_budget_bytes > 0 ? spec.gpu_budget_bytes : env.default_gpu_budget_bytes;
   budget.host_budget_bytes = PhysicalHostBytes();
   budget.window = spec.window;
   budget.checkpoints = spec.activation_placement;
@@ -268,7 +268,8 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
   SLIDE_RETURN_IF_ERROR(Field(s.adam_beta2 >= 0 && s.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)"));
   SLIDE_RETURN_IF_ERROR(Field(s.adam_eps > 0, "adam_eps", "must be > 0"));
   SLIDE_RETURN_IF_ERROR(Field(s.eval_fraction >= 0 && s.eval_fraction < 1, "eval_fraction", "must be in [0, 1)"));
-  SLIDE_RETURN_IF_ERROR(InRange(s.gpu_budget_bytes, 1, lim.max_gpu_budget_bytes, "gpu_budget_bytes"));
+  SLIDE_RETURN_IF_ERROR(
+      InRange(s.gpu_budget_bytes, 0, lim.max_gpu_budget_bytes, "gpu_budget_bytes", "(0 = the daemon's default)"));
   SLIDE_RETURN_IF_ERROR(InRange(s.window, 0, lim.max_layers, "window", "(0 = chosen by the planner)"));
   SLIDE_RETURN_IF_ERROR(InRange(s.log_every, 1, lim.max_steps, "log_every"));
   SLIDE_RETURN_IF_ERROR(

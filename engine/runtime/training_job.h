@@ -50,7 +50,7 @@ struct TrainingJobSpec {
   // Engine.
   DeviceChoice device = DeviceChoice::kAuto;
   ComputeDtypeChoice compute_dtype = ComputeDtypeChoice::kAuto;
-  int64_t gpu_budget_bytes = 24ll << 30;
+  int64_t gpu_budget_bytes = 0;  // 0 = JobEnvironment's default
   int64_t window = 0;  // 0 = the planner chooses
   CheckpointPlacement activation_placement = CheckpointPlacement::kAuto;
   int64_t log_every = 1;
@@ -73,6 +73,7 @@ struct JobEnvironment {
   // directory already holds a checkpoint of this job, the job resumes from it.
   std::string checkpoint_dir;
   int64_t default_checkpoint_every = 0;  // for specs that leave checkpoint_every at 0; 0 = only when suspended
+  int64_t default_gpu_budget_bytes = 24ll << 30;  // for specs that leave gpu_budget_bytes at 0
 };
 
 // The largest job accepted: far beyond any real run, small enough that no product of these sizes with each other

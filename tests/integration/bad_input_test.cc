@@ -145,8 +145,8 @@ TEST(BadInput, ExplicitZerosLongSequencesAndOddNamesAreRefused) {
   refused([](v1::JobSpec& s) { s.set_batch_size(0); }, "job field 'batch_size' must be in [1, 1048576]");
   refused([](v1::JobSpec& s) { s.set_seq_len(0); }, "job field 'seq_len' must be in [2, 1048576]");
   refused([](v1::JobSpec& s) { s.set_lr(0); }, "job field 'lr' must be in (0, 1)");
-  refused([](v1::JobSpec& s) { s.set_gpu_budget_bytes(0); },
-          "job field 'gpu_budget_bytes' must be in [1, 1125899906842624]");
+  refused([](v1::JobSpec& s) { s.set_gpu_budget_bytes(-1); },
+          "job field 'gpu_budget_bytes' must be in [0, 1125899906842624] (0 = the daemon's default)");
   refused([](v1::JobSpec& s) { s.set_steps(0), s.set_epochs(0); }, "job field 'epochs' must be in [1, 1048576]");
   // The demo model was trained for 256 positions.
   refused([](v1::JobSpec& s) { s.set_seq_len(512); },

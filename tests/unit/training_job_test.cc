@@ -134,7 +134,7 @@ TEST(TrainingJob, HugeOrNonPositiveSizesAreRefusedByField) {
          "tokens per forward");
   expect([](TrainingJobSpec& s) { s.batch_size = 1 << 20, s.micro_batch_size = 1, s.seq_len = 1 << 20; },
          "tokens per step");
-  expect([](TrainingJobSpec& s) { s.gpu_budget_bytes = kMax; }, "job field 'gpu_budget_bytes' must be in [1, ");
+  expect([](TrainingJobSpec& s) { s.gpu_budget_bytes = kMax; }, "job field 'gpu_budget_bytes' must be in [0, ");
   expect([](TrainingJobSpec& s) { s.checkpoint_every = kMax; }, "job field 'checkpoint_every' must be in [0, ");
   expect([](TrainingJobSpec& s) { s.warmup_steps = kMax; }, "job field 'warmup_steps' must be in [0, ");
   expect([](TrainingJobSpec& s) { s.log_every = kMax; }, "job field 'log_every' must be in [1, ");
@@ -282,6 +282,17 @@ TEST(TrainingJob, BadPathsAndDataFailTheJob) {
   s.gpu_budget_bytes = 1 << 16;  // too small for the plan
   r = RunTrainingJob(s, {}, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+
+  // A spec that leaves the budget at 0 gets the environment's default: the daemon's setting, not the spec's.
+  s = DemoSpec(out);
+  ASSERT_EQ(s.gpu_budget_bytes, 0);
+  JobEnvironment small;
+  small.default_gpu_budget_bytes = 1 << 16;
+  r = RunTrainingJob(s, small, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  auto planned = PlanTrainingJob(s, small);
+  EXPECT_EQ(planned.status().code(), StatusCode::kResourceExhausted) << planned.status().ToString();
+  EXPECT_TRUE(PlanTrainingJob(s, {}).ok());
 }
 
 // A cancel that arrives while the job loads (the daemon's PREPARING state) stops it before any step.
