@@ -152,9 +152,10 @@ PY
         > "$OUT/cmake-base.log" 2>&1 &&
       cmake --build build-gpu-base/b -j 8 --target sliding_bench > "$OUT/build-base.log" 2>&1
       echo "base build rc=$? after $((SECONDS - start)) s" ) &
+    base_build=$!
     build_gpu model_tests engine_tests parity_tests optim_tests sliding_bench
     echo "build ok after $((SECONDS - start)) s"
-    wait
+    wait "$base_build"  # not the thread watcher
     gpu_tests "${GPU_TESTS_S:-360}"
     echo "gpu tests done after $((SECONDS - start)) s" ;;
   ab)
