@@ -11,25 +11,10 @@
 #include <string>
 
 #include "engine/common/thread_pool.h"
+#include "engine/optim/bf16_bits.h"
 
 namespace slide {
 namespace {
-
-inline float Bf16ToFloat(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Round to nearest even, NaN kept quiet: the rounding c10::BFloat16 uses.
-inline uint16_t FloatToBf16Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 // The scalar path; also the tail of the SIMD paths. Operation order mirrors torch's single-tensor AdamW.
 void ScalarRange(const AdamWSpan& s, const AdamWScalars& c, int64_t begin, int64_t end) {

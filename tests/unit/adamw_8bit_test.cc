@@ -1,0 +1,171 @@
+// The blockwise 8-bit AdamW (engine/optim/adamw_8bit) against bitsandbytes' own AdamW8bit on its CPU backend, on
+// fixtures it produced (scripts/make_adamw8bit_fixtures.py): the maps exactly; the quantisation's absmax exactly and
+// its codes equal, or apart by no more than bitsandbytes' CPU path's 65,536-bin lookup table can put them (it rounds
+// through that table instead of taking the nearest code; ours is then never farther from the value than its); five
+// updates, each from bitsandbytes' state of the step before, with the master equal to a few float roundings (the
+// update's arithmetic is ours, torch AdamW's order, which bitsandbytes' CPU path writes differently).
+#include "engine/optim/adamw_8bit.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/model/safetensors.h"
+#include "tests/support/fixtures.h"
+
+namespace slide {
+namespace {
+
+class Bnb {
+ public:
+  Bnb() {
+    auto file = SafetensorsFile::Open(testing::FixturePath("optim/adamw8bit.safetensors"));
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    file_ = file.value();
+  }
+  at::Tensor operator[](const std::string& name) const {
+    const SafetensorsEntry* e = file_->Find(name);
+    EXPECT_NE(e, nullptr) << name;
+    auto t = file_->Read(*e);
+    EXPECT_TRUE(t.ok()) << name;
+    return t.value();
+  }
+
+ private:
+  std::shared_ptr<SafetensorsFile> file_;
+};
+
+AdamWStepArgs FixtureArgs(int64_t step) {  // the fixture's hyperparameters (its metadata)
+  AdamWStepArgs a;
+  a.hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  a.step = step;
+  return a;
+}
+
+// How far `code` of `map` scaled by absmax is from x.
+float Distance(const std::array<float, 256>& map, uint8_t code, float absmax, float x) {
+  return std::fabs(map[code] * absmax - x);
+}
+
+TEST(AdamW8bit, MapsAreBitsandbytesDynamicMaps) {
+  Bnb bnb;
+  const at::Tensor s = bnb["map.signed"], u = bnb["map.unsigned"];
+  for (int i = 0; i < 256; ++i) {
+    EXPECT_EQ(SignedDynamicMap()[i], s[i].item<float>()) << i;
+    EXPECT_EQ(UnsignedDynamicMap()[i], u[i].item<float>()) << i;
+    if (i > 0) {
+      EXPECT_LE(SignedDynamicMap()[i - 1], SignedDynamicMap()[i]);
+    }
+  }
+  EXPECT_EQ(SignedDynamicMap().back(), 1.0f);
+  EXPECT_EQ(UnsignedDynamicMap().front(), 0.0f);
+}
+
+TEST(AdamW8bit, QuantisationEqualsBitsandbytesOrIsNearer) {
+  Bnb bnb;
+  const at::Tensor x = bnb["quant.input"].contiguous(), want_codes = bnb["quant.codes"], want_absmax = bnb["quant.absmax"];
+  const int64_t n = x.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  ASSERT_EQ(blocks, 4);  // three whole blocks (one all zeros) and a short tail
+  std::vector<uint8_t> codes(n);
+  std::vector<float> absmax(blocks);
+  QuantizeBlockwise(x.data_ptr<float>(), n, SignedDynamicMap(), codes.data(), absmax.data());
+  for (int64_t b = 0; b < blocks; ++b) EXPECT_EQ(absmax[b], want_absmax[b].item<float>()) << "block " << b;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto want = want_codes[i].item<uint8_t>();
+    if (codes[i] == want) continue;
+    ++differ;
+    EXPECT_EQ(std::abs(int(codes[i]) - int(want)), 1) << "element " << i;
+    const float a = absmax[i / kQuantBlock], v = x[i].item<float>();
+    EXPECT_LE(Distance(SignedDynamicMap(), codes[i], a, v), Distance(SignedDynamicMap(), want, a, v)) << i;
+  }
+  EXPECT_LT(differ, n / 50) << "more than 2% of the codes differ from bitsandbytes'";
+  std::vector<float> back(n);
+  DequantizeBlockwise(codes.data(), absmax.data(), n, SignedDynamicMap(), back.data());
+  for (int64_t i = 256; i < 512; ++i) EXPECT_EQ(back[i], 0.0f);  // the zero block
+}
+
+TEST(AdamW8bit, EachStepMatchesBitsandbytesFromItsState) {
+  Bnb bnb;
+  const int64_t n = bnb["param.init"].numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  for (int64_t step = 1; step <= 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const std::string before = "step" + std::to_string(step - 1) + ".";
+    at::Tensor param = (step == 1 ? bnb["param.init"] : bnb[before + "param"]).clone();
+    // bitsandbytes starts from code 0 with absmax 0: a zero moment.
+    at::Tensor s1 = step == 1 ? at::zeros({n}, at::kByte) : bnb[before + "state1"].clone();
+    at::Tensor s2 = step == 1 ? at::zeros({n}, at::kByte) : bnb[before + "state2"].clone();
+    at::Tensor a1 = step == 1 ? at::zeros({blocks}) : bnb[before + "absmax1"].clone();
+    at::Tensor a2 = step == 1 ? at::zeros({blocks}) : bnb[before + "absmax2"].clone();
+    const at::Tensor grad = bnb["grad." + std::to_string(step)].contiguous();
+    CpuAdamW8bit({.param = param.data_ptr<float>(),
+                  .exp_avg = s1.data_ptr<uint8_t>(),
+                  .exp_avg_absmax = a1.data_ptr<float>(),
+                  .exp_avg_sq = s2.data_ptr<uint8_t>(),
+                  .exp_avg_sq_absmax = a2.data_ptr<float>(),
+                  .grad_f32 = grad.data_ptr<float>(),
+                  .n = n},
+                 FixtureArgs(step));
+    const std::string after = "step" + std::to_string(step) + ".";
+    const at::Tensor want_param = bnb[after + "param"];
+    // The master: the same AdamW from the same state, its terms rounded in another order (bitsandbytes' CPU path
+    // writes m * b1 + (1 - b1) * g, ours torch's lerp): a few float roundings of the weight and of the step.
+    const at::Tensor tolerance = (want_param.abs() + 1e-3) * 4 * std::ldexp(1.0, -23);
+    EXPECT_TRUE((param - want_param).abs().le(tolerance).all().item<bool>())
+        << "largest difference " << (param - want_param).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(a1, bnb[after + "absmax1"], 1e-5, 0)) << (a1 - bnb[after + "absmax1"]).abs().max();
+    EXPECT_TRUE(at::allclose(a2, bnb[after + "absmax2"], 1e-5, 0)) << (a2 - bnb[after + "absmax2"]).abs().max();
+    // The moments: bitsandbytes' CPU path quantises through a 65,536-bin table over [-1, 1] instead of taking the
+    // nearest code, so its code may be off by up to one bin (2 / 65,535 of the block's absmax); near zero, where the
+    // unsigned map's codes lie closer than a bin, that is several codes. Ours is the nearest (as its CUDA kernel's).
+    // And where a moment lands within a rounding of the midpoint between two codes, the other arithmetic order
+    // picks the neighbour.
+    const float bin = 2.0f / 65535.0f;
+    for (const auto& [name, mine, map, absmax] :
+         {std::tuple{"state1", s1, &SignedDynamicMap(), a1}, {"state2", s2, &UnsignedDynamicMap(), a2}}) {
+      const at::Tensor theirs = bnb[after + name];
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto a = mine[i].item<uint8_t>(), b = theirs[i].item<uint8_t>();
+        if (a == b) continue;
+        ++differ;
+        const bool adjacent = std::abs(int(a) - int(b)) == 1;  // a moment one rounding away from a code midpoint
+        EXPECT_TRUE(adjacent || std::fabs((*map)[a] - (*map)[b]) <= 1.5f * bin) << name << " element " << i;
+      }
+      EXPECT_LT(differ, n / 20) << name;
+    }
+  }
+}
+
+// Tiles of whole blocks, on one thread or many, bf16 gradients and weights out: the same bits.
+TEST(AdamW8bit, ThreadsAndTilesChangeNothing) {
+  const int64_t n = 3 * 64 * kQuantBlock + 301;  // three tiles and an odd tail
+  at::manual_seed(3);
+  const at::Tensor p0 = at::randn({n}) * 0.02, g = (at::randn({n}) * 1e-2).to(at::kBFloat16);
+  auto run = [&](int threads) {
+    at::Tensor p = p0.clone(), s1 = at::zeros({n}, at::kByte), s2 = at::zeros({n}, at::kByte);
+    at::Tensor a1 = at::zeros({(n + 255) / 256}), a2 = at::zeros({(n + 255) / 256});
+    at::Tensor out = at::empty({n}, at::kBFloat16);
+    for (int64_t step = 1; step <= 3; ++step)
+      CpuAdamW8bit({.param = p.data_ptr<float>(),
+                    .exp_avg = s1.data_ptr<uint8_t>(),
+                    .exp_avg_absmax = a1.data_ptr<float>(),
+                    .exp_avg_sq = s2.data_ptr<uint8_t>(),
+                    .exp_avg_sq_absmax = a2.data_ptr<float>(),
+                    .grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g.data_ptr()),
+                    .out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                    .n = n},
+                   FixtureArgs(step), threads);
+    return std::vector<at::Tensor>{p, s1, s2, a1, a2, out};
+  };
+  const auto one = run(1), many = run(0);
+  for (size_t k = 0; k < one.size(); ++k) EXPECT_TRUE(at::equal(one[k], many[k])) << "tensor " << k;
+  EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
+}
+
+}  // namespace
+}  // namespace slide
