@@ -117,7 +117,10 @@ TEST(DaemonState, KillDashNineResumesFromTheLastCheckpoint) {
   for (size_t i = 0; i < r.steps_after.size(); ++i)
     EXPECT_EQ(r.replayed_after[i], r.steps_after[i] <= reached) << "step " << r.steps_after[i];
   EXPECT_TRUE(fs::exists(done.export_dir() + "/model.safetensors"));
-  EXPECT_FALSE(fs::exists(second.state_dir() + "/jobs/" + id + "/checkpoint"));  // removed after success
+  // Removed after success, on the store's thread (after SUCCEEDED is shown): within a few seconds.
+  const std::string checkpoint = second.state_dir() + "/jobs/" + id + "/checkpoint";
+  for (int i = 0; i < 300 && fs::exists(checkpoint); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fs::exists(checkpoint));
 
   // Watching from a step skips the metrics of earlier steps.
   grpc::ClientContext wc;
