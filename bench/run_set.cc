@@ -15,9 +15,9 @@
 //       timeout_s: 240
 //       env: {SLIDE_TEST_DEVICE: cuda}
 //       command: ["{bin}/bench/sliding_bench", llama-8b, 48, --checkpoints, host]
+#include <yaml-cpp/yaml.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -52,7 +52,8 @@ struct RunSet {
 
 std::vector<std::string> Strings(const YAML::Node& node) {
   std::vector<std::string> out;
-  if (node) for (const auto& item : node) out.push_back(item.as<std::string>());
+  if (node)
+    for (const auto& item : node) out.push_back(item.as<std::string>());
   return out;
 }
 

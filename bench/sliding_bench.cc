@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
   const auto main_start = std::chrono::steady_clock::now();
   Flags f;
   CLI::App app{"sliding_bench: the sliding trainer's throughput and memory on a random-init model", "sliding_bench"};
-  app.add_option("shape", f.shape, "llama-1b | llama-3b | llama-8b | tiny [@LAYERS], or a model directory")
-      ->required();
+  app.add_option("shape", f.shape, "llama-1b | llama-3b | llama-8b | tiny [@LAYERS], or a model directory")->required();
   app.add_option("batch", f.batch, "sequences a step (one micro-batch)")->required()->check(CLI::Range(1, 1 << 20));
   app.add_option("--seq", f.seq, "tokens a sequence")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", f.steps, "timed steps, after the warm-up")->check(CLI::Range(1, 100000));
@@ -94,11 +93,13 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-state", f.nvme_state, "optimizer state on the NVMe tier")
       ->check(CLI::IsMember({"none", "moments", "moments_and_master"}));
   app.add_option("--nvme-dir", f.nvme_dirs, "the tier's directories (repeat for several disks)");
-  app.add_option("--nvme-layers", f.nvme_layers, "the last K layers on the tier (-1: every unit; 0: the fewest that "
-                                                 "fit this machine's memory)");
+  app.add_option("--nvme-layers", f.nvme_layers,
+                 "the last K layers on the tier (-1: every unit; 0: the fewest that "
+                 "fit this machine's memory)");
   app.add_option("--nvme-chunk-mb", f.nvme_chunk_mb, "the tier's chunk")->check(CLI::Range(1, 4096));
   app.add_option("--nvme-buffers", f.nvme_buffers, "the tier's ring buffers")->check(CLI::Range(2, 1024));
-  app.add_option("--nvme-queue-depth", f.nvme_queue_depth, "I/O requests in flight a thread")->check(CLI::Range(1, 4096));
+  app.add_option("--nvme-queue-depth", f.nvme_queue_depth, "I/O requests in flight a thread")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--nvme-threads", f.nvme_threads, "I/O threads")->check(CLI::Range(1, 64));
   app.add_flag("--huge-pages,!--no-huge-pages", f.huge_pages, "host state on transparent huge pages (default on)");
   app.add_flag("--kernels,!--no-kernels", f.kernels, "the fused CUDA kernels (off: LibTorch's ops)");
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
   asked.nvme.io.queue_depth = static_cast<unsigned>(f.nvme_queue_depth);
   asked.nvme.io.io_threads = f.nvme_threads;
   asked.nvme.layers = f.nvme_layers;
-  asked.device_update_share = f.device_update_share >= 0                  ? f.device_update_share
+  asked.device_update_share = f.device_update_share >= 0                   ? f.device_update_share
                               : cuda && asked.nvme.mode == TierMode::kNone ? kDefaultDeviceUpdateShare
                                                                            : 0.0;
   asked.device_update_chunk = f.device_update_chunk;
@@ -258,8 +259,8 @@ int main(int argc, char** argv) {
   // attention: 2 matmuls (QK^T, PV) of 2*S*S*d per layer forward, causal halves it, x3 for fwd+bwd.
   const double attn =
       3.0 * 2.0 * 2.0 * cfg.num_layers * double(f.seq) * double(f.seq) * cfg.q_dim() / 2.0 * double(f.batch) * steps;
-  for (double* v : {&sum.compute, &sum.h2d, &sum.d2h, &sum.cpu_update, &sum.wait_update, &sum.nvme,
-                    &sum.device_update, &sum.cpu_update_weights})
+  for (double* v : {&sum.compute, &sum.h2d, &sum.d2h, &sum.cpu_update, &sum.wait_update, &sum.nvme, &sum.device_update,
+                    &sum.cpu_update_weights})
     *v /= steps;
   sum.step = secs / steps;
   // Bytes per update pass; the rate as `steps` passes over the timed wall time.
@@ -346,29 +347,28 @@ int main(int argc, char** argv) {
   std::printf("%s\n", line.dump().c_str());
   if (f.phase_memory && cuda) {  // beside the plan's estimate of each phase (MemoryPlan::PlannedPhasePeaks)
     const MemoryPlan::PhasePeaks planned = plan.PlannedPhasePeaks();
-    Json memory = {
-        {"bench", "phase_memory"},
-        {"shape", f.shape},
-        {"batch", f.batch},
-        {"seq", f.seq},
-        {"resident_layers", plan.resident_layers},
-        {"checkpoints_on_host", plan.checkpoints_on_host},
-        {"expandable_segments", DeviceSegmentsExpandable()},
-        {"measured",
-         {{"step_start", phases.step_start},
-          {"forward", phases.forward},
-          {"head", phases.head},
-          {"layers", phases.layers},
-          {"embedding", phases.embedding},
-          {"update", phases.update}}},
-        {"planned",
-         {{"step_start", planned.step_start},
-          {"forward", planned.forward},
-          {"head", planned.head},
-          {"layers", planned.layers},
-          {"embedding", planned.embedding}}},
-        {"planned_total_less_reserve", plan.device_total - plan.reserved_bytes},
-        {"peak_reserved", after_last.peak_reserved_bytes}};
+    Json memory = {{"bench", "phase_memory"},
+                   {"shape", f.shape},
+                   {"batch", f.batch},
+                   {"seq", f.seq},
+                   {"resident_layers", plan.resident_layers},
+                   {"checkpoints_on_host", plan.checkpoints_on_host},
+                   {"expandable_segments", DeviceSegmentsExpandable()},
+                   {"measured",
+                    {{"step_start", phases.step_start},
+                     {"forward", phases.forward},
+                     {"head", phases.head},
+                     {"layers", phases.layers},
+                     {"embedding", phases.embedding},
+                     {"update", phases.update}}},
+                   {"planned",
+                    {{"step_start", planned.step_start},
+                     {"forward", planned.forward},
+                     {"head", planned.head},
+                     {"layers", planned.layers},
+                     {"embedding", planned.embedding}}},
+                   {"planned_total_less_reserve", plan.device_total - plan.reserved_bytes},
+                   {"peak_reserved", after_last.peak_reserved_bytes}};
     std::printf("%s\n", memory.dump().c_str());
   }
   return 0;

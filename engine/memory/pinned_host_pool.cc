@@ -54,7 +54,9 @@ at::Tensor PinnedHostPool::Allocate(int64_t numel, c10::ScalarType dtype) {
   if (rounded == 0) return at::empty({numel}, options);
   void* p = std::aligned_alloc(page, rounded);
   TORCH_CHECK(p != nullptr, "out of host memory allocating ", rounded, " bytes");
-  if (!page_lock_) return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
+  if (!page_lock_)
+    return at::from_blob(
+        p, {numel}, [](void* q) { std::free(q); }, options);
   if (const std::string error = Lock(p, bytes); !error.empty()) {
     std::free(p);
     TORCH_CHECK(false, "page-locking ", bytes, " bytes of host memory failed: ", error);

@@ -15,7 +15,6 @@ namespace {
 
 constexpr int64_t kTileBlocks = 64;  // 16,384 elements a tile
 
-
 void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& map, uint8_t* codes, float* absmax) {
   float amax = 0.0f;
   for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));

@@ -34,10 +34,10 @@ void DequantizeBlockwise(const uint8_t* codes, const float* absmax, int64_t n, c
 // One parameter's update. Every pointer is at the parameter's first element (its blocks start there); absmax arrays
 // hold ceil(n / 256) entries.
 struct AdamW8bitSpan {
-  float* param = nullptr;          // [n] fp32 master, updated in place
-  uint8_t* exp_avg = nullptr;      // [n] codes of the signed map
+  float* param = nullptr;      // [n] fp32 master, updated in place
+  uint8_t* exp_avg = nullptr;  // [n] codes of the signed map
   float* exp_avg_absmax = nullptr;
-  uint8_t* exp_avg_sq = nullptr;   // [n] codes of the unsigned map
+  uint8_t* exp_avg_sq = nullptr;  // [n] codes of the unsigned map
   float* exp_avg_sq_absmax = nullptr;
   const c10::BFloat16* grad_bf16 = nullptr;  // [n] exactly one of grad_bf16 / grad_f32
   const float* grad_f32 = nullptr;

@@ -5,6 +5,7 @@
 namespace slide {
 namespace {
 
+// clang-format off
 const std::array<float, 256> kSigned = {
     -0x1.fc66660000000p-1f, -0x1.f533340000000p-1f, -0x1.ee00000000000p-1f, -0x1.e6cccc0000000p-1f,
     -0x1.df999a0000000p-1f, -0x1.d866660000000p-1f, -0x1.d133340000000p-1f, -0x1.ca00000000000p-1f,
@@ -136,6 +137,7 @@ const std::array<float, 256> kUnsigned = {
     0x1.da33340000000p-1f, 0x1.ddcccc0000000p-1f, 0x1.e166680000000p-1f, 0x1.e500000000000p-1f,
     0x1.e899980000000p-1f, 0x1.ec33340000000p-1f, 0x1.efcccc0000000p-1f, 0x1.f366680000000p-1f,
     0x1.f700000000000p-1f, 0x1.fa99980000000p-1f, 0x1.fe33340000000p-1f, 0x1.0000000000000p+0f};
+// clang-format on
 
 }  // namespace
 

@@ -37,9 +37,9 @@ class AdamWRing {
   int size() const { return static_cast<int>(state_.size()); }
   int64_t chunk() const { return chunk_; }
   int NextSlot() { return static_cast<int>(next_++ % size()); }
-  at::Tensor& state(int slot) { return state_[slot]; }             // fp32 [3 x chunk]
-  at::Tensor grad(int slot, c10::ScalarType dtype);                // [chunk] of the gradient's dtype
-  at::Tensor& out(int slot) { return out_[slot]; }                 // bf16 [chunk]
+  at::Tensor& state(int slot) { return state_[slot]; }  // fp32 [3 x chunk]
+  at::Tensor grad(int slot, c10::ScalarType dtype);     // [chunk] of the gradient's dtype
+  at::Tensor& out(int slot) { return out_[slot]; }      // bf16 [chunk]
   // AdamW on `slot`, which holds elements [begin, begin + len) of the unit: each parameter range that meets the
   // chunk with its own arguments (TensorAdamW: on the CPU the same arithmetic as the host update, on CUDA the
   // kernel that is bit-equal to it). On the current stream.

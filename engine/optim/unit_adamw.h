@@ -25,8 +25,8 @@ struct HostUnitRange {
   float* master = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
-  at::Tensor grad;           // [unit numel]
-  at::Tensor weights_out;    // [unit numel], the compute-dtype weights the forward loads; may alias the master
+  at::Tensor grad;         // [unit numel]
+  at::Tensor weights_out;  // [unit numel], the compute-dtype weights the forward loads; may alias the master
   // The weights-only pass: only the bf16 weights are written, at weights_only_out (element `begin`); the master
   // and the moments are read.
   c10::BFloat16* weights_only_out = nullptr;
