@@ -25,14 +25,14 @@
 namespace slide {
 
 struct JobManagerOptions {
-  Engine* engine = nullptr;                // required; plans and runs the jobs
-  JobStore* store = nullptr;               // durable state; nullptr keeps jobs in memory only
-  size_t max_events_per_job = 4096;        // older events are dropped; a watcher that falls behind skips ahead
-  int64_t default_checkpoint_every = 100;  // for jobs that leave checkpoint_every at 0 (needs a store)
+  Engine* engine = nullptr;                       // required; plans and runs the jobs
+  JobStore* store = nullptr;                      // durable state; nullptr keeps jobs in memory only
+  size_t max_events_per_job = 4096;               // older events are dropped; a watcher that falls behind skips ahead
+  int64_t default_checkpoint_every = 100;         // for jobs that leave checkpoint_every at 0 (needs a store)
   int64_t default_gpu_budget_bytes = 24ll << 30;  // for jobs that leave gpu_budget_bytes at 0
-  JobObserver* observer = nullptr;         // metrics
-  std::vector<std::string> allowed_roots;  // every file a job opens must resolve under one of these (empty: any)
-  StateTierOptions nvme;                   // the NVMe tier's directories and I/O settings (mode set by each job)
+  JobObserver* observer = nullptr;                // metrics
+  std::vector<std::string> allowed_roots;         // every file a job opens must resolve under one of these (empty: any)
+  StateTierOptions nvme;                          // the NVMe tier's directories and I/O settings (mode set by each job)
   // A job the daemon died under this many times in a row, with no new checkpoint in between, fails at the next
   // start instead of being resumed again (one job that kills the daemon must not make it crash-loop).
   int64_t max_interrupted_runs = 3;

@@ -17,9 +17,10 @@ namespace slide {
 grpc::Status ToGrpc(const Status& s);
 
 struct ServiceOptions {
-  std::string token;                      // when set, every call must carry "authorization: Bearer <token>"
-  int64_t gpu_budget_bytes = 24ll << 30;  // the daemon's per-job default, reported by GetStatus (JobManagerOptions applies it)
-  std::string state_dir;                  // reported by GetServerStatus
+  std::string token;  // when set, every call must carry "authorization: Bearer <token>"
+  int64_t gpu_budget_bytes =
+      24ll << 30;         // the daemon's per-job default, reported by GetStatus (JobManagerOptions applies it)
+  std::string state_dir;  // reported by GetServerStatus
   std::string version = "0.1.0";
 };
 

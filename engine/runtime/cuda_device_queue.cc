@@ -157,8 +157,8 @@ class CudaDeviceQueue final : public DeviceQueue {
         CopyAsync(state, at_f32(u.master, b), len * 4, cudaMemcpyHostToDevice, up_);
         CopyAsync(state + chunk, at_f32(u.exp_avg, b), len * 4, cudaMemcpyHostToDevice, up_);
         CopyAsync(state + 2 * chunk, at_f32(u.exp_avg_sq, b), len * 4, cudaMemcpyHostToDevice, up_);
-        CopyAsync(ring_->grad(r, u.grad.scalar_type()).data_ptr(), at_byte(u.grad, b), len * ge,
-                  cudaMemcpyHostToDevice, up_);
+        CopyAsync(ring_->grad(r, u.grad.scalar_type()).data_ptr(), at_byte(u.grad, b), len * ge, cudaMemcpyHostToDevice,
+                  up_);
         {
           const c10::cuda::CUDAStreamGuard on_up(up_);
           ring_->Run(r, b, len, u);

@@ -83,7 +83,7 @@ class HostDeviceQueue final : public DeviceQueue {
 
   std::optional<AdamWRing> ring_;
   QueueBusy busy_;
-  std::mutex update_mu_;           // busy_.device_update is added from the thread that streams updates
+  std::mutex update_mu_;          // busy_.device_update is added from the thread that streams updates
   std::vector<TraceSpan> spans_;  // the engine thread's segments, for TakeBusy
   double compute_t0_ = 0;
 };

@@ -114,8 +114,8 @@ class SlidingTrainer {
   // Embedding and layers without autograd, keeping each layer's input in `parked` when given.
   at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
   // The head's loss forward and backward at once; returns the gradient of the trunk's output.
-  at::Tensor HeadBackward(const at::Tensor& x, const at::Tensor& targets, double normalizer, const at::Tensor& embed_leaf,
-                          const at::Tensor& head_leaf, at::Tensor& loss_sum);
+  at::Tensor HeadBackward(const at::Tensor& x, const at::Tensor& targets, double normalizer,
+                          const at::Tensor& embed_leaf, const at::Tensor& head_leaf, at::Tensor& loss_sum);
   // Layer `layer`'s recompute and backward from its parked input (its weights loaded); lands its gradient and
   // returns the gradient of its input.
   at::Tensor LayerBackward(int64_t layer, std::vector<at::Tensor>& parked, at::Tensor dx, const RopeTables& rope,

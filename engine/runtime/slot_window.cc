@@ -8,12 +8,7 @@ namespace slide {
 
 SlotWindow::SlotWindow(const ModelConfig& cfg, UnitStore& units, DeviceQueue& queue, int64_t window,
                        const at::TensorOptions& device_opts, bool park_on_host)
-    : cfg_(cfg),
-      units_(units),
-      queue_(queue),
-      window_(window),
-      device_opts_(device_opts),
-      park_on_host_(park_on_host) {
+    : cfg_(cfg), units_(units), queue_(queue), window_(window), device_opts_(device_opts), park_on_host_(park_on_host) {
   const int64_t slot_numel = units.largest_layer_numel();
   for (int64_t w = 0; w < window; ++w) slots_.push_back(at::empty({slot_numel}, device_opts));
   slot_layer_.assign(window, -1);

@@ -108,8 +108,7 @@ class StepMeter {
   std::atomic<int64_t> whole_adamw_ns_{0};  // of update_ns_: whole AdamW updates alone (no accumulation, no passes)
   std::atomic<int64_t> weights_only_ns_{0};
   std::atomic<int64_t> nvme_wait_ns_{0};
-  int64_t update_ns_at_begin_ = 0, whole_adamw_ns_at_begin_ = 0, weights_only_ns_at_begin_ = 0,
-          nvme_ns_at_begin_ = 0;
+  int64_t update_ns_at_begin_ = 0, whole_adamw_ns_at_begin_ = 0, weights_only_ns_at_begin_ = 0, nvme_ns_at_begin_ = 0;
   ResourceBusy busy_;
   PhaseMemory phase_memory_;
   std::mutex trace_mu_;

@@ -51,7 +51,7 @@ struct TrainingJobSpec {
   DeviceChoice device = DeviceChoice::kAuto;
   ComputeDtypeChoice compute_dtype = ComputeDtypeChoice::kAuto;
   int64_t gpu_budget_bytes = 0;  // 0 = JobEnvironment's default
-  int64_t window = 0;  // 0 = the planner chooses
+  int64_t window = 0;            // 0 = the planner chooses
   CheckpointPlacement activation_placement = CheckpointPlacement::kAuto;
   int64_t log_every = 1;
   // Optimizer state on local disk through the NVMe tier.
@@ -72,7 +72,7 @@ struct JobEnvironment {
   // Checkpoints (everything to resume exactly; see training_checkpoint.h). Empty disables them. When the
   // directory already holds a checkpoint of this job, the job resumes from it.
   std::string checkpoint_dir;
-  int64_t default_checkpoint_every = 0;  // for specs that leave checkpoint_every at 0; 0 = only when suspended
+  int64_t default_checkpoint_every = 0;           // for specs that leave checkpoint_every at 0; 0 = only when suspended
   int64_t default_gpu_budget_bytes = 24ll << 30;  // for specs that leave gpu_budget_bytes at 0
 };
 

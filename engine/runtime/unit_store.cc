@@ -175,7 +175,9 @@ StatusOr<at::Tensor> UnitStore::ReadState(StateKind kind, size_t unit) {
   if (unit >= units_.size()) return InvalidArgument("no such optimizer state");
   const Unit& x = units_[unit];
   if (x.resident())
-    return (kind == StateKind::kMaster ? x.dev_master : kind == StateKind::kExpAvg ? x.dev_exp_avg : x.dev_exp_avg_sq)
+    return (kind == StateKind::kMaster   ? x.dev_master
+            : kind == StateKind::kExpAvg ? x.dev_exp_avg
+                                         : x.dev_exp_avg_sq)
         .cpu();
   StateArray array;
   if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
@@ -188,7 +190,9 @@ Status UnitStore::WriteState(StateKind kind, size_t unit, const at::Tensor& src)
   if (unit >= units_.size()) return InvalidArgument("no such optimizer state");
   Unit& x = units_[unit];
   if (x.resident()) {
-    (kind == StateKind::kMaster ? x.dev_master : kind == StateKind::kExpAvg ? x.dev_exp_avg : x.dev_exp_avg_sq)
+    (kind == StateKind::kMaster   ? x.dev_master
+     : kind == StateKind::kExpAvg ? x.dev_exp_avg
+                                  : x.dev_exp_avg_sq)
         .copy_(src);
     return Status::Ok();
   }

@@ -12,8 +12,8 @@
 
 namespace slide {
 
-UpdateScheduler::UpdateScheduler(UnitStore& units, DeviceQueue& queue, StepMeter& meter,
-                                 const SlidingOptions& options, SimdLevel simd)
+UpdateScheduler::UpdateScheduler(UnitStore& units, DeviceQueue& queue, StepMeter& meter, const SlidingOptions& options,
+                                 SimdLevel simd)
     : units_(units),
       queue_(queue),
       meter_(meter),
@@ -250,7 +250,8 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
     // Enqueued by the stream worker after the gradient has landed (its landing task runs first, FIFO); the
     // weights come back into the staging buffer the gradient occupied, as the CPU update writes them.
     HostUnitUpdate update{x.master, x.exp_avg, x.exp_avg_sq, grad, x.staging, {}};
-    for (const auto& spec : layout.params) update.ranges.push_back({spec.offset, spec.numel, ParamStepArgs(spec, args)});
+    for (const auto& spec : layout.params)
+      update.ranges.push_back({spec.offset, spec.numel, ParamStepArgs(spec, args)});
     PostWorker(unit).Post(TaskId({unit}),
                           [this, unit, update = std::move(update)] { queue_.StreamUpdate(unit, update); });
     return;

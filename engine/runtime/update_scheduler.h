@@ -84,9 +84,9 @@ class UpdateScheduler {
   // The first failed task's error (sticky: the state is no longer trustworthy): a task's status (an NVMe read or
   // write-back), or an exception its worker caught, as INTERNAL. Never waits.
   Status status();
-  Status Sync();  // WaitAll, streamed write-backs landed, the tier flushed; the first error
-  void CancelWeightRing();          // no forward will read what waits in the ring: fills go on, loads use staging
-  bool schedule_settled() const;    // fixed by the options, or the automatic choice has measured what it needs
+  Status Sync();                  // WaitAll, streamed write-backs landed, the tier flushed; the first error
+  void CancelWeightRing();        // no forward will read what waits in the ring: fills go on, loads use staging
+  bool schedule_settled() const;  // fixed by the options, or the automatic choice has measured what it needs
   void set_weights_first(WeightsFirst mode);
   int64_t ring_loads() const { return ring_loads_; }
   int64_t edge_ring_chunks() const { return edge_ring_chunks_; }
@@ -125,7 +125,7 @@ class UpdateScheduler {
   std::unique_ptr<UpdateWorker> worker_;
   // Streamed units' tasks: a thread that waits for their gradients and enqueues them (never behind CPU updates).
   std::unique_ptr<UpdateWorker> stream_worker_;
-  std::vector<bool> on_stream_worker_;  // by unit: its latest whole-update task went to stream_worker_
+  std::vector<bool> on_stream_worker_;     // by unit: its latest whole-update task went to stream_worker_
   std::vector<at::Tensor> device_sqnorm_;  // squared norms computed on the device (no accumulation)
   std::mutex error_mu_;
   Status error_;  // the first failed task

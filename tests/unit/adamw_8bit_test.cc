@@ -67,7 +67,8 @@ TEST(AdamW8bit, MapsAreBitsandbytesDynamicMaps) {
 
 TEST(AdamW8bit, QuantisationEqualsBitsandbytesOrIsNearer) {
   Bnb bnb;
-  const at::Tensor x = bnb["quant.input"].contiguous(), want_codes = bnb["quant.codes"], want_absmax = bnb["quant.absmax"];
+  const at::Tensor x = bnb["quant.input"].contiguous(), want_codes = bnb["quant.codes"],
+                   want_absmax = bnb["quant.absmax"];
   const int64_t n = x.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
   ASSERT_EQ(blocks, 4);  // three whole blocks (one all zeros) and a short tail
   std::vector<uint8_t> codes(n);
