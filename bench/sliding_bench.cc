@@ -42,6 +42,7 @@ struct Flags {
   double device_update_share = -1;  // < 0: as slided's GPU jobs
   int64_t device_update_chunk = SlidingOptions{}.device_update_chunk;
   std::string nvme_state = "none";
+  std::string optimizer = "adamw";
   std::vector<std::string> nvme_dirs = {"/var/tmp"};
   int64_t nvme_chunk_mb = 32, nvme_layers = -1;
   int nvme_buffers = 6, nvme_queue_depth = 32, nvme_threads = 2;
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--device-update-chunk", f.device_update_chunk, "elements a streamed-update ring buffer")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   app.add_option("--head-chunk-tokens", f.head_chunk_tokens, "the LM head's chunk")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--optimizer", f.optimizer, "AdamW's moments: fp32 or blockwise 8-bit (host-held state only)")
+      ->check(CLI::IsMember({"adamw", "adamw_8bit"}));
   app.add_option("--nvme-state", f.nvme_state, "optimizer state on the NVMe tier")
       ->check(CLI::IsMember({"none", "moments", "moments_and_master"}));
   app.add_option("--nvme-dir", f.nvme_dirs, "the tier's directories (repeat for several disks)");
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
   asked.train.adamw = {.lr = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   asked.train.schedule = {.kind = LrScheduleKind::kConstant, .peak_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
   asked.train.max_grad_norm = f.max_grad_norm;
+  asked.train.optimizer = f.optimizer == "adamw_8bit" ? OptimizerKind::kAdamW8bit : OptimizerKind::kAdamW;
   asked.train.compute_dtype = c10::kBFloat16;
   asked.train.device = device;
   asked.train.loss.chunk_tokens = f.head_chunk_tokens;
@@ -283,6 +287,7 @@ int main(int argc, char** argv) {
       {"device_update_share", so.device_update_share},
       {"streamed_units", trainer.streamed_units()},
       {"max_grad_norm", f.max_grad_norm},
+      {"optimizer", f.optimizer},
       {"steps", f.steps},
       {"warmup_steps", warmup},
       {"device", f.device},

@@ -47,6 +47,8 @@ constexpr Choice<v1::NvmeState, TierMode> kNvmeStates[] = {
     {v1::NVME_STATE_NONE, TierMode::kNone},
     {v1::NVME_STATE_MOMENTS, TierMode::kMoments},
     {v1::NVME_STATE_MOMENTS_AND_MASTER, TierMode::kMomentsAndMaster}};
+constexpr Choice<v1::Optimizer, OptimizerKind> kOptimizers[] = {{v1::OPTIMIZER_ADAMW, OptimizerKind::kAdamW},
+                                                                {v1::OPTIMIZER_ADAMW_8BIT, OptimizerKind::kAdamW8bit}};
 
 template <typename P, typename E, size_t N>
 P ToApi(const Choice<P, E> (&table)[N], E value) {
@@ -131,6 +133,7 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_export_dtype(ToApi(kExportDtypes, s.export_dtype));
   p->set_nvme_state(ToApi(kNvmeStates, s.nvme_state));
   if (s.nvme_layers != -1) p->set_nvme_layers(s.nvme_layers);
+  p->set_optimizer(ToApi(kOptimizers, s.optimizer));
 }
 
 StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
@@ -169,6 +172,7 @@ StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   s.allow_seq_len_beyond_model = p.allow_seq_len_beyond_model();
   SLIDE_RETURN_IF_ERROR(FromApi(kNvmeStates, p.nvme_state(), "nvme_state", &s.nvme_state));
   if (p.has_nvme_layers()) s.nvme_layers = p.nvme_layers();
+  SLIDE_RETURN_IF_ERROR(FromApi(kOptimizers, p.optimizer(), "optimizer", &s.optimizer));
   return s;
 }
 

@@ -164,7 +164,11 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   for (size_t u = 0; u < tier_index.size(); ++u)
     if (tier_index[u] >= 0) tiered += layout.units[u].numel;
   best.master_bytes = 4 * (n - (r.master_on_nvme ? tiered : 0));
-  best.moments_bytes = 8 * (n - tiered);
+  std::vector<bool> host_moments(layout.units.size(), true);  // units whose moments the host holds
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    host_moments[u] =
+        !(u >= 1 && static_cast<int64_t>(u) <= best.resident_layers) && (tier_index.empty() || tier_index[u] < 0);
+  best.moments_bytes = MomentBytes(r.optimizer, layout, host_moments);
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
   best.nvme_bytes = (8 + (r.master_on_nvme ? 4 : 0)) * tiered;
   best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;

@@ -11,6 +11,7 @@
 #include "engine/common/status.h"
 #include "engine/memory/checkpoint_placement.h"
 #include "engine/model/config.h"
+#include "engine/optim/moment_layout.h"
 
 namespace slide {
 
@@ -43,6 +44,8 @@ struct PlanRequest {
   // The weights-first ring may be used (SlidingOptions::weights_first; bf16 compute with clipping): window + 1
   // page-locked layer buffers of the compute dtype, when any layer is held on the host outside the NVMe tier.
   bool weights_first = false;
+  // How the host keeps the AdamW moments: fp32 (8 bytes a parameter) or adamw_8bit (about 2 + 2/256 * 4).
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
 };
 
 struct MemoryPlan {

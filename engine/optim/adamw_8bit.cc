@@ -27,6 +27,17 @@ void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& ma
   for (int64_t i = 0; i < len; ++i) codes[i] = NearestCode(map, x[i] * inv);
 }
 
+// One element's update from its dequantised moments (m, v in place): the fp32 AdamW of cpu_adamw.cc's
+// ScalarRange, the same scalars in the same order. Returns the new weight.
+inline float UpdateElement(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t i, float& m, float& v) {
+  const float g = (s.grad_bf16 ? Bf16ToFloat(s.grad_bf16[i]) : s.grad_f32[i]) * c.grad_scale;
+  float p = s.param[i] * c.decay;
+  m = m + c.one_minus_b1 * (g - m);
+  v = v * c.b2 + c.one_minus_b2 * (g * g);
+  const float denom = std::sqrt(v) / c.bc2_sqrt + c.eps;
+  return p - c.step_size * (m / denom);
+}
+
 // Blocks [first, last) of the span: dequantise, the fp32 AdamW of cpu_adamw.cc's ScalarRange, requantise.
 void UpdateBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last) {
   const auto& map1 = SignedDynamicMap();
@@ -40,12 +51,7 @@ void UpdateBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, 
     }
     for (int64_t k = 0; k < len; ++k) {
       const int64_t i = begin + k;
-      const float g = (s.grad_bf16 ? Bf16ToFloat(s.grad_bf16[i]) : s.grad_f32[i]) * c.grad_scale;
-      float p = s.param[i] * c.decay;
-      m[k] = m[k] + c.one_minus_b1 * (g - m[k]);
-      v[k] = v[k] * c.b2 + c.one_minus_b2 * (g * g);
-      const float denom = std::sqrt(v[k]) / c.bc2_sqrt + c.eps;
-      p = p - c.step_size * (m[k] / denom);
+      const float p = UpdateElement(s, c, i, m[k], v[k]);
       s.param[i] = p;
       if (s.out_bf16) s.out_bf16[i].x = FloatToBf16Bits(p);
     }
@@ -89,6 +95,26 @@ void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, int thre
     return;
   }
   ThreadPool::Default().ParallelFor(tiles, run_tile);
+}
+
+void CpuAdamW8bitWeightsOnly(const AdamW8bitSpan& s, int64_t lo, int64_t hi, c10::BFloat16* out,
+                             const AdamWStepArgs& args, int threads) {
+  TORCH_CHECK((s.grad_bf16 == nullptr) != (s.grad_f32 == nullptr),
+              "CpuAdamW8bitWeightsOnly: give exactly one gradient");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= s.n, "CpuAdamW8bitWeightsOnly: range outside the parameter");
+  const AdamWScalars c = MakeAdamWScalars(args);
+  const auto& map1 = SignedDynamicMap();
+  const auto& map2 = UnsignedDynamicMap();
+  auto run = [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      float m = map1[s.exp_avg[i]] * s.exp_avg_absmax[i / kQuantBlock];
+      float v = map2[s.exp_avg_sq[i]] * s.exp_avg_sq_absmax[i / kQuantBlock];
+      out[i - lo].x = FloatToBf16Bits(UpdateElement(s, c, i, m, v));
+    }
+  };
+  const int64_t tile = kTileBlocks * kQuantBlock, tiles = (hi - lo + tile - 1) / tile;
+  if (threads == 1 || tiles <= 1) return run(lo, hi);
+  ThreadPool::Default().ParallelFor(tiles, [&](int64_t t) { run(lo + t * tile, std::min(hi, lo + (t + 1) * tile)); });
 }
 
 }  // namespace slide

@@ -1,10 +1,9 @@
-// AdamW with blockwise 8-bit moments (bitsandbytes' method; issue 38, first slice: the CPU update and its
-// quantisation, not yet a job's optimizer). Each moment is kept as one byte an element plus an fp32 absmax per block
-// of 256 elements: a code indexes a 256-entry dynamic map of values in [-1, 1] (signed for the first moment,
-// unsigned for the second), scaled by the block's absmax. An update dequantises a block, runs the fp32 AdamW of
-// cpu_adamw.cc on it element by element (the same scalars and order), takes the block's new absmax and
-// requantises each moment to the nearest code. The fp32 master is kept. Blocks are independent, so the result does
-// not depend on how a span is split into tiles or threads.
+// AdamW with blockwise 8-bit moments (bitsandbytes' method; a job's `optimizer: adamw_8bit`). Each moment is kept as
+// one byte an element plus an fp32 absmax per block of 256 elements: a code indexes a 256-entry dynamic map of values
+// in [-1, 1] (signed for the first moment, unsigned for the second), scaled by the block's absmax. An update
+// dequantises a block, runs the fp32 AdamW of cpu_adamw.cc on it element by element (the same scalars and order), takes
+// the block's new absmax and requantises each moment to the nearest code. The fp32 master is kept. Blocks are
+// independent, so the result does not depend on how a span is split into tiles or threads.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -47,5 +46,11 @@ struct AdamW8bitSpan {
 
 // On the calling thread when `threads` == 1, else tiles of whole blocks across ThreadPool::Default().
 void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, int threads = 0);
+
+// The weights-only pass (see AdamWSpan::weights_only) over elements [lo, hi) of the parameter `span` describes
+// (its pointers at the parameter's first element; out_bf16 unused): each element's updated weight, computed
+// exactly as CpuAdamW8bit computes it, rounded to bf16 into out[0, hi - lo). The state is only read.
+void CpuAdamW8bitWeightsOnly(const AdamW8bitSpan& span, int64_t lo, int64_t hi, c10::BFloat16* out,
+                             const AdamWStepArgs& args, int threads = 0);
 
 }  // namespace slide

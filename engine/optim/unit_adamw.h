@@ -12,6 +12,7 @@
 
 #include "engine/model/param_layout.h"
 #include "engine/optim/cpu_adamw.h"
+#include "engine/optim/moment_layout.h"
 
 namespace slide {
 
@@ -32,6 +33,21 @@ struct HostUnitRange {
   c10::BFloat16* weights_only_out = nullptr;
 };
 void HostUnitAdamW(const UnitLayout& unit, const HostUnitRange& range, const AdamWStepArgs& args, SimdLevel simd);
+
+// A host unit with 8-bit moments (`moments`, adamw_8bit): the whole unit's update (begin 0, n the unit's numel:
+// quantisation blocks are requantised whole), or with weights_only_out the weights-only pass over any range.
+// master points at element `begin`; exp_avg and exp_avg_sq are the whole moment buffers (MomentLayout bytes).
+struct HostUnit8bitRange {
+  int64_t begin = 0, n = 0;
+  float* master = nullptr;
+  uint8_t* exp_avg = nullptr;
+  uint8_t* exp_avg_sq = nullptr;
+  at::Tensor grad;         // [unit numel]
+  at::Tensor weights_out;  // [unit numel], as HostUnitRange's
+  c10::BFloat16* weights_only_out = nullptr;
+};
+void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, const HostUnit8bitRange& range,
+                       const AdamWStepArgs& args, SimdLevel simd);
 
 // A unit on the device, whole: fp32 master and moments, the gradient, and the bf16 weights (undefined with fp32
 // compute, where the master is what the forward reads). On the current stream.

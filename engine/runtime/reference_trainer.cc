@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "engine/optim/adamw_8bit.h"
+
 namespace slide {
 
 at::Tensor ShiftLabels(const at::Tensor& labels) {
@@ -28,9 +30,48 @@ ReferenceTrainer::ReferenceTrainer(ModelConfig cfg, ModelParams master_fp32, Tra
     : cfg_(std::move(cfg)), options_(std::move(options)) {
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(options_.device);
   master_ = master_fp32.To(fp32);
-  exp_avg_ = ZeroParams(master_.layout, fp32);
-  exp_avg_sq_ = ZeroParams(master_.layout, fp32);
+  TORCH_CHECK(options_.optimizer == OptimizerKind::kAdamW || options_.device.is_cpu(),
+              "the reference trainer runs adamw_8bit on the CPU");
+  for (const auto& unit : master_.layout.units) {
+    moment_layout_.emplace_back(options_.optimizer, unit);
+    const MomentLayout& m = moment_layout_.back();
+    exp_avg_.push_back(at::zeros({m.numel()}, fp32.dtype(m.dtype())));
+    exp_avg_sq_.push_back(at::zeros({m.numel()}, fp32.dtype(m.dtype())));
+  }
 }
+
+namespace {
+
+// fp32 [n] at `byte_offset` of a moment buffer.
+at::Tensor FloatView(const at::Tensor& buffer, int64_t byte_offset, int64_t n) {
+  return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + byte_offset, {n}, buffer.options().dtype(at::kFloat));
+}
+
+// One parameter's AdamW step with 8-bit moments: dequantised, the reference step in fp32, requantised blockwise.
+void Reference8bitStep(at::Tensor& p, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                       const MomentLayout::Param& where, const AdamWHyper& hp, int64_t step) {
+  const int64_t n = p.numel();
+  if (!where.quantized) {
+    at::Tensor m = FloatView(exp_avg, where.values, n).view(p.sizes());
+    at::Tensor v = FloatView(exp_avg_sq, where.values, n).view(p.sizes());
+    AdamWReferenceStep(p, grad, m, v, hp, step);
+    return;
+  }
+  const auto moment = [&](const at::Tensor& buffer, const std::array<float, 256>& map) {
+    at::Tensor x = at::empty(p.sizes(), at::kFloat);  // contiguous, as the parameter's view is
+    DequantizeBlockwise(buffer.data_ptr<uint8_t>() + where.values, FloatView(buffer, where.absmax, 1).data_ptr<float>(),
+                        n, map, x.data_ptr<float>());
+    return x;
+  };
+  at::Tensor m = moment(exp_avg, SignedDynamicMap()), v = moment(exp_avg_sq, UnsignedDynamicMap());
+  AdamWReferenceStep(p, grad, m, v, hp, step);
+  QuantizeBlockwise(m.data_ptr<float>(), n, SignedDynamicMap(), exp_avg.data_ptr<uint8_t>() + where.values,
+                    FloatView(exp_avg, where.absmax, 1).data_ptr<float>());
+  QuantizeBlockwise(v.data_ptr<float>(), n, UnsignedDynamicMap(), exp_avg_sq.data_ptr<uint8_t>() + where.values,
+                    FloatView(exp_avg_sq, where.absmax, 1).data_ptr<float>());
+}
+
+}  // namespace
 
 StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
@@ -63,12 +104,19 @@ StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   AdamWHyper hp = options_.adamw;
   hp.lr = stats.lr;
   for (size_t u = 0; u < master_.layout.units.size(); ++u) {
-    for (const auto& spec : master_.layout.units[u].params) {
+    const auto& params = master_.layout.units[u].params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamSpec& spec = params[i];
       AdamWHyper p_hp = hp;
       if (!spec.weight_decay) p_hp.weight_decay = 0;
       at::Tensor p = ParamView(spec, master_.units[u]);
-      at::Tensor m = ParamView(spec, exp_avg_.units[u]);
-      at::Tensor v = ParamView(spec, exp_avg_sq_.units[u]);
+      if (options_.optimizer == OptimizerKind::kAdamW8bit) {
+        Reference8bitStep(p, ParamView(spec, grads.units[u]), exp_avg_[u], exp_avg_sq_[u],
+                          moment_layout_[u].params()[i], p_hp, step_);
+        continue;
+      }
+      at::Tensor m = ParamView(spec, exp_avg_[u]);
+      at::Tensor v = ParamView(spec, exp_avg_sq_[u]);
       AdamWReferenceStep(p, ParamView(spec, grads.units[u]), m, v, p_hp, step_);
     }
   }

@@ -14,11 +14,13 @@
 #include "engine/model/transformer.h"
 #include "engine/optim/adamw_reference.h"
 #include "engine/optim/lr_schedule.h"
+#include "engine/optim/moment_layout.h"
 
 namespace slide {
 
 struct TrainerOptions {
-  AdamWHyper adamw;  // adamw.lr is overwritten each step from `schedule`
+  AdamWHyper adamw;                                 // adamw.lr is overwritten each step from `schedule`
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw_8bit: the moments blockwise 8-bit (adamw_8bit.h)
   LrSchedule schedule;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   c10::ScalarType compute_dtype = c10::kBFloat16;
@@ -53,9 +55,11 @@ class ReferenceTrainer {
 
  private:
   ModelConfig cfg_;
-  ModelParams master_;   // fp32, on options_.device
-  ModelParams exp_avg_;  // fp32 AdamW moments, same layout
-  ModelParams exp_avg_sq_;
+  ModelParams master_;  // fp32, on options_.device
+  // The AdamW moments of each unit, laid out by MomentLayout (fp32 [numel], or the 8-bit bytes) on the CPU for
+  // adamw_8bit, else on options_.device.
+  std::vector<MomentLayout> moment_layout_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   TrainerOptions options_;
   int64_t step_ = 0;
 };

@@ -53,6 +53,13 @@ struct SlidingOptions {
   bool measure_phase_memory = false;
 };
 
+// One checkpointed state array of a unit (SlidingTrainer::StateShapeOf): fp32 [numel] but for adamw_8bit's moments.
+struct StateShape {
+  c10::ScalarType dtype = c10::kFloat;
+  int64_t numel = 0;
+  int64_t float_prefix = 0;  // a byte array's leading fp32 values (its small moments and absmax; MomentLayout)
+};
+
 // Weights first may run: asked for, or automatic on CUDA (kAuto only ever turns it on there).
 inline bool WeightsFirstAllowed(const SlidingOptions& o) {
   return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());

@@ -102,6 +102,11 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
   if (share > 0 && dtype != c10::kBFloat16) return InvalidArgument("streamed updates need bf16 compute");
   if (share > 0 && tier) return InvalidArgument("streamed updates cannot be combined with the NVMe tier");
   if (share > 0 && o.device_update_chunk < 1) return InvalidArgument("device_update_chunk must be positive");
+  // 8-bit moments are updated by the CPU kernel only so far: every unit's state stays in host memory.
+  if (o.train.optimizer == OptimizerKind::kAdamW8bit && (o.resident_layers > 0 || share > 0 || tier))
+    return InvalidArgument(
+        "optimizer adamw_8bit keeps every unit's state in host memory (no resident layers, device update share or "
+        "NVMe tier yet)");
   return Status::Ok();
 }
 
@@ -415,6 +420,11 @@ ModelParams SlidingTrainer::Master() {
 StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
   if (kind < 0 || kind > 2) return InvalidArgument("no such optimizer state");
   return units_->ReadState(static_cast<StateKind>(kind), unit);
+}
+
+StatusOr<StateShape> SlidingTrainer::StateShapeOf(int kind, size_t unit) const {
+  if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  return units_->StateShapeOf(static_cast<StateKind>(kind), unit);
 }
 
 Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) {

@@ -75,10 +75,13 @@ class SlidingTrainer {
 
   // The fp32 master after every posted update has finished (a copy).
   ModelParams Master();
-  // The optimizer state, for checkpoints: `kind` 0 master, 1 exp_avg, 2 exp_avg_sq of `unit`, fp32[numel].
-  // Call SyncUpdates first. Reading gives the host buffer itself when resident (do not keep it across a step),
-  // a copy read from disk when on the NVMe tier. After writing every unit, call StateRestored.
+  // The optimizer state, for checkpoints: `kind` 0 master, 1 exp_avg, 2 exp_avg_sq of `unit`, StateShapeOf
+  // (fp32 [numel], the moments of adamw_8bit bytes laid out by MomentLayout). Call SyncUpdates first. Reading gives the
+  // host buffer itself when resident (do not keep it across a step), a copy read from disk when on the NVMe tier. After
+  // writing every unit, call StateRestored.
   StatusOr<at::Tensor> ReadState(int kind, size_t unit);
+  StatusOr<StateShape> StateShapeOf(int kind, size_t unit) const;
+  OptimizerKind optimizer() const { return opts_.train.optimizer; }
   Status WriteState(int kind, size_t unit, const at::Tensor& src);
   // After the state was overwritten: the next step is `steps_done` + 1 and every unit is reloaded from it.
   void StateRestored(int64_t steps_done);

@@ -15,7 +15,12 @@ StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions 
   r.nvme_ring_bytes = r.moments_on_nvme ? StateTierRingBytes(tier) : 0;
   r.nvme_layers = r.moments_on_nvme ? tier.layers : -1;
   if (r.moments_on_nvme) r.resident_layers = 0;  // the tier keeps every unit's state on disk
-  r.streamed_ring_bytes = requested.DeviceUpdateRingBytes();
+  r.optimizer = requested.train.optimizer;
+  if (r.optimizer == OptimizerKind::kAdamW8bit) {  // host-held state only so far (ValidateSlidingOptions)
+    r.resident_layers = 0;
+    requested.device_update_share = 0;
+  }
+  r.streamed_ring_bytes = requested.DeviceUpdateRingBytes();  // after the optimizer's say on the share
 
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(r));
   if (plan.checkpoints_on_host && r.streamed_ring_bytes > 0) {

@@ -39,11 +39,13 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
   std::vector<StreamedTensor> tensors;
   const ModelLayout& layout = trainer.layout();
   for (int kind = 0; kind < 3; ++kind)
-    for (size_t u = 0; u < layout.units.size(); ++u)
-      tensors.push_back({std::string(kKinds[kind]) + "." + std::to_string(u),
-                         c10::kFloat,
-                         {layout.units[u].numel},
-                         [&trainer, kind, u] { return trainer.ReadState(kind, u); }});
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      SLIDE_ASSIGN_OR_RETURN(const StateShape shape, trainer.StateShapeOf(kind, u));
+      tensors.push_back(
+          {std::string(kKinds[kind]) + "." + std::to_string(u), shape.dtype, {shape.numel}, [&trainer, kind, u] {
+             return trainer.ReadState(kind, u);
+           }});
+    }
   SLIDE_RETURN_IF_ERROR(
       WriteSafetensorsStreamed(step_dir + "/optimizer.safetensors", std::move(tensors), {{"format", "slideformer"}}));
   nlohmann::json j = {{"format", kFormat},
@@ -51,7 +53,8 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
                       {"total_steps", info.total_steps},
                       {"order", {{"epoch", info.order_epoch}, {"index", info.order_index}}},
                       {"loss", info.loss},
-                      {"fingerprint", info.fingerprint}};
+                      {"fingerprint", info.fingerprint},
+                      {"optimizer", OptimizerName(trainer.optimizer())}};
   SLIDE_RETURN_IF_ERROR(WriteFileAtomic(step_dir + "/state.json",
                                         j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   SLIDE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/LATEST", name + "\n"));
@@ -89,6 +92,7 @@ StatusOr<std::optional<CheckpointInfo>> ReadCheckpointInfo(const std::string& di
     info.order_index = j.at("order").at("index").get<int64_t>();
     info.loss = j.at("loss").is_null() ? std::nan("") : j.at("loss").get<double>();  // NaN is written as null
     info.fingerprint = j.at("fingerprint").get<std::string>();
+    if (j.contains("optimizer")) info.optimizer = j.at("optimizer").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     return DataLoss("checkpoint '" + state_path + "' is corrupt: " + e.what());
   }
@@ -104,6 +108,10 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
   if (!read) return read;
   CheckpointInfo& info = *read;
   const std::string step_dir = info.step_dir, state_path = step_dir + "/state.json";
+  if (info.optimizer != OptimizerName(trainer.optimizer()))
+    return FailedPrecondition("checkpoint '" + state_path + "' holds the state of optimizer " + info.optimizer +
+                              ", but this job's optimizer is " + OptimizerName(trainer.optimizer()) +
+                              ": resume it with optimizer " + info.optimizer + ", or train from the start elsewhere");
   if (info.fingerprint != job.fingerprint)
     return FailedPrecondition("checkpoint '" + state_path + "' belongs to a different job (" + info.fingerprint +
                               ", this job is " + job.fingerprint + ")");
@@ -129,22 +137,26 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
                     " tensors, expected " + std::to_string(3 * layout.units.size()));
   // Every tensor's name, dtype and size are checked before any is read; the values are checked as each is read.
   // A bad value fails the job, whose trainer is then discarded, so a half-restored state is never trained.
-  std::vector<std::tuple<int, size_t, const SafetensorsEntry*>> entries;
+  std::vector<std::tuple<int, size_t, const SafetensorsEntry*, int64_t>> entries;  // + the byte arrays' fp32 prefix
   for (int kind = 0; kind < 3; ++kind) {
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const std::string name = std::string(kKinds[kind]) + "." + std::to_string(u);
       const SafetensorsEntry* e = file->Find(name);
       if (e == nullptr) return DataLoss("checkpoint '" + tensors_path + "' lacks tensor '" + name + "'");
-      if (e->dtype != at::kFloat || e->shape.size() != 1 || e->shape[0] != layout.units[u].numel)
-        return DataLoss("checkpoint '" + tensors_path + "' tensor '" + name + "' is not fp32[" +
-                        std::to_string(layout.units[u].numel) + "]");
-      entries.emplace_back(kind, u, e);
+      SLIDE_ASSIGN_OR_RETURN(const StateShape shape, trainer.StateShapeOf(kind, u));
+      if (e->dtype != shape.dtype || e->shape.size() != 1 || e->shape[0] != shape.numel)
+        return DataLoss("checkpoint '" + tensors_path + "' tensor '" + name + "' is not " + c10::toString(shape.dtype) +
+                        "[" + std::to_string(shape.numel) + "]");
+      entries.emplace_back(kind, u, e, shape.float_prefix);
     }
   }
-  for (const auto& [kind, unit, e] : entries) {
+  for (const auto& [kind, unit, e, float_prefix] : entries) {
     auto value = file->Read(*e);
     if (!value.ok()) return DataLoss("checkpoint is corrupt: " + value.status().message());
-    if (!AllFinite(*value))
+    const at::Tensor floats = value->scalar_type() == at::kFloat
+                                  ? *value
+                                  : value->narrow(0, 0, 4 * float_prefix).view(at::kFloat);  // codes are any byte
+    if (!AllFinite(floats))
       return DataLoss("checkpoint '" + tensors_path + "' tensor '" + e->name + "' holds NaN or infinite values");
     SLIDE_RETURN_IF_ERROR(trainer.WriteState(kind, unit, *value));
   }

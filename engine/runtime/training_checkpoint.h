@@ -1,6 +1,7 @@
 // Training checkpoints: everything a job needs to resume exactly. A checkpoint is a directory
-//   <dir>/step-NNNNNNNN/optimizer.safetensors   fp32 master, exp_avg, exp_avg_sq per unit
-//   <dir>/step-NNNNNNNN/state.json              step, data position, last loss, the job's fingerprint
+//   <dir>/step-NNNNNNNN/optimizer.safetensors   fp32 master, exp_avg, exp_avg_sq per unit (adamw_8bit's moments
+//                                               as the bytes MomentLayout lays out: codes, absmax, small fp32)
+//   <dir>/step-NNNNNNNN/state.json              step, data position, last loss, the job's fingerprint, optimizer
 //   <dir>/LATEST                                name of the newest complete step directory
 // LATEST is replaced atomically after the step directory is complete, so a crash mid-write leaves the previous
 // checkpoint in charge. The LR schedule is a function of the step; the data order is (seed, position); the
@@ -23,6 +24,7 @@ struct CheckpointInfo {
   int64_t order_epoch = 0, order_index = 0;  // BatchOrder::Position of the next batch
   double loss = 0;                           // loss of the last step
   std::string fingerprint;                   // the job (model shape, data, batch) it belongs to
+  std::string optimizer = "adamw";           // OptimizerName of the state (checkpoints before it was written: adamw)
   std::string step_dir;                      // where it was read from (set by ReadCheckpointInfo)
 };
 
@@ -41,8 +43,9 @@ struct ResumeExpectation {
 };
 
 // No LATEST in `dir`: nullopt. Otherwise loads the state into `trainer` (and calls StateRestored) after checking
-// the fingerprint, the step and data position against `job`, every tensor's shape, and every value (finite); anything
-// corrupt or mismatched is an error naming the file.
+// the optimizer (a checkpoint of the other one is refused: FAILED_PRECONDITION naming both), the fingerprint, the step
+// and data position against `job`, every tensor's shape, and every value (finite); anything corrupt or mismatched is an
+// error naming the file.
 StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string& dir, const ResumeExpectation& job,
                                                                SlidingTrainer& trainer);
 

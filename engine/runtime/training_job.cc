@@ -70,6 +70,7 @@ TrainerOptions JobTrainerOptions(const TrainingJobSpec& spec, bool cuda, int64_t
                 .warmup_steps = spec.warmup_steps,
                 .total_steps = std::max<int64_t>(1, total_steps)};
   o.max_grad_norm = spec.max_grad_norm;
+  o.optimizer = spec.optimizer;
   o.compute_dtype = ComputeDtype(spec, cuda);
   o.device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   return o;
@@ -278,6 +279,10 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
+  if (s.optimizer == OptimizerKind::kAdamW8bit && s.nvme_state != TierMode::kNone)
+    return InvalidArgument("job fields 'optimizer' (adamw_8bit) and 'nvme_state' (" +
+                           std::string(TierModeName(s.nvme_state)) +
+                           ") cannot be combined yet: 8-bit moments stay in host memory");
   return Status::Ok();
 }
 
@@ -426,7 +431,7 @@ Status TrainingRun::Prepare() {
   Log("memory plan:\n" + plan.ToString());
   if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
-      (dtype == c10::kBFloat16 ? "bf16" : "fp32"));
+      (dtype == c10::kBFloat16 ? "bf16" : "fp32") + ", optimizer " + OptimizerName(spec_.optimizer));
 
   order_ = std::make_unique<BatchOrder>(n_train, spec_.seed);
   fingerprint_ = "params=" + std::to_string(cfg_.TotalParamCount()) + " layers=" + std::to_string(cfg_.num_layers) +

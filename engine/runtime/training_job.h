@@ -16,6 +16,7 @@
 #include "engine/memory/checkpoint_placement.h"
 #include "engine/model/config.h"
 #include "engine/optim/lr_schedule.h"
+#include "engine/optim/optimizer_kind.h"
 
 namespace slide {
 
@@ -40,6 +41,7 @@ struct TrainingJobSpec {
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw_8bit: blockwise 8-bit moments (host-held state only)
   uint64_t seed = 0;
   // Data.
   DatasetFormat dataset_format = DatasetFormat::kAuto;

@@ -68,12 +68,14 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].placement = placement[u];
     units_[u].tier_index = tier_index.empty() ? -1 : tier_index[u];
+    moments_.emplace_back(units_[u].host_held() ? options.train.optimizer : OptimizerKind::kAdamW, layout_.units[u]);
   }
   auto master_on_disk = [&](size_t u) { return units_[u].on_tier() && tier_->holds_master(); };
-  auto host_zeros = [&](size_t u) {
-    const int64_t numel = layout_.units[u].numel;
-    return units_[u].stream_capable() ? queue_.AllocateHost(numel, at::kFloat).zero_()
-                                      : HostArray(numel, at::kFloat, options.host_huge_pages);
+  auto moment_zeros = [&](size_t u) {
+    const int64_t numel = moments_[u].numel();
+    const c10::ScalarType dtype = moments_[u].dtype();
+    return units_[u].stream_capable() ? queue_.AllocateHost(numel, dtype).zero_()
+                                      : HostArray(numel, dtype, options.host_huge_pages);
   };
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
@@ -117,8 +119,8 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   int64_t cpu_numel = 0, streamed_numel = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!units_[u].host_held()) continue;
-    units_[u].exp_avg = host_zeros(u);
-    units_[u].exp_avg_sq = host_zeros(u);
+    units_[u].exp_avg = moment_zeros(u);
+    units_[u].exp_avg_sq = moment_zeros(u);
     (units_[u].stream_capable() ? streamed_numel : cpu_numel) += layout_.units[u].numel;
   }
   if (cpu_numel > 0) streamed_per_cpu_element_ = double(streamed_numel) / double(cpu_numel);
@@ -169,6 +171,12 @@ at::Tensor* UnitStore::HostState(StateKind kind, size_t unit, StateArray* array)
   const bool on_disk = x.on_tier() && (*array != kMasterArray || tier_->holds_master());
   if (on_disk) return nullptr;
   return kind == StateKind::kMaster ? &x.master : kind == StateKind::kExpAvg ? &x.exp_avg : &x.exp_avg_sq;
+}
+
+StateShape UnitStore::StateShapeOf(StateKind kind, size_t unit) const {
+  if (kind == StateKind::kMaster) return {c10::kFloat, layout_.units[unit].numel};
+  const MomentLayout& m = moments_[unit];
+  return {m.dtype(), m.numel(), m.dtype() == c10::kByte ? m.float_values() : 0};
 }
 
 StatusOr<at::Tensor> UnitStore::ReadState(StateKind kind, size_t unit) {

@@ -19,6 +19,7 @@
 #include "engine/common/status.h"
 #include "engine/io/state_tier.h"
 #include "engine/model/hf_checkpoint.h"
+#include "engine/optim/moment_layout.h"
 #include "engine/runtime/sliding_options.h"
 
 namespace slide {
@@ -30,13 +31,15 @@ enum class Placement { kResident, kHost, kStreamed, kTier };
 struct Unit {
   Placement placement = Placement::kHost;
   int64_t tier_index = -1;  // the unit's index in the NVMe tier (kTier), else -1
-  // Host: fp32 master (undefined when resident or when the tier holds it), moments (undefined when resident or on
-  // the tier), the weights the forward loads, the gradient's landing buffer when it is not the staging buffer, the
-  // fp32 gradient sum (accumulation) and its squared norm computed on the host.
-  at::Tensor master, exp_avg, exp_avg_sq;  // fp32 [numel]
-  at::Tensor staging;                      // compute dtype [numel]
-  at::Tensor grad_landing;                 // compute dtype [numel], allocated at first need
-  at::Tensor grad_sum;                     // fp32 [numel], allocated at the first accumulating step
+  // Host: fp32 master (undefined when resident or when the tier holds it), moments (laid out by the store's
+  // MomentLayout: fp32 [numel], or adamw_8bit's bytes; undefined when resident or on the tier), the weights the forward
+  // loads, the gradient's landing buffer when it is not the staging buffer, the fp32 gradient sum (accumulation) and
+  // its squared norm computed on the host.
+  at::Tensor master;               // fp32 [numel]
+  at::Tensor exp_avg, exp_avg_sq;  // MomentLayout::dtype() [MomentLayout::numel()]
+  at::Tensor staging;              // compute dtype [numel]
+  at::Tensor grad_landing;         // compute dtype [numel], allocated at first need
+  at::Tensor grad_sum;             // fp32 [numel], allocated at the first accumulating step
   double sqnorm = 0;
   // Device, resident units only: weights (the master itself for fp32 compute), fp32 master and moments, the
   // gradient held until the update, its fp32 sum under accumulation and that sum's norm.
@@ -68,6 +71,8 @@ class UnitStore {
   Unit& operator[](size_t u) { return units_[u]; }
   const Unit& operator[](size_t u) const { return units_[u]; }
   StateTier* tier() const { return tier_.get(); }
+  // How a host-held unit's moments are laid out (options.train.optimizer); resident and tier units keep fp32.
+  const MomentLayout& moments(size_t u) const { return moments_[u]; }
   int64_t largest_layer_numel() const;
   int64_t streamed_units() const;
   // Streamed elements per element the CPU updates in a whole update (0 when nothing streams).
@@ -83,8 +88,9 @@ class UnitStore {
   // The gradient a unit's update reads: its sum under accumulation, else its landing buffer.
   at::Tensor UpdateGradient(size_t unit, bool accumulating);
 
-  // Checkpoint state, fp32[numel]: the host buffer itself when held in host memory (do not keep it across a
-  // step), a copy read from the tier or the device otherwise.
+  // Checkpoint state, StateShapeOf(kind, unit): the host buffer itself when held in host memory (do not keep it
+  // across a step), a copy read from the tier or the device otherwise.
+  StateShape StateShapeOf(StateKind kind, size_t unit) const;
   StatusOr<at::Tensor> ReadState(StateKind kind, size_t unit);
   Status WriteState(StateKind kind, size_t unit, const at::Tensor& src);
   // After the state was overwritten: every unit's weights (staging, a resident unit's device weights) from its
@@ -99,6 +105,7 @@ class UnitStore {
   DeviceQueue& queue_;
   std::unique_ptr<StateTier> tier_;
   std::vector<Unit> units_;
+  std::vector<MomentLayout> moments_;  // per unit
   bool has_grad_sums_ = false;
   double streamed_per_cpu_element_ = 0;
 };

@@ -262,7 +262,17 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
     Unit& x = units_[unit];
     const int64_t t0 = SteadyNowNs();
     int64_t io_waited = 0;
-    if (!x.on_tier()) {
+    if (units_.moments(unit).kind() == OptimizerKind::kAdamW8bit) {  // host-held (ValidateSlidingOptions)
+      HostUnitAdamW8bit(layout, units_.moments(unit),
+                        {.begin = 0,
+                         .n = layout.numel,
+                         .master = x.master.data_ptr<float>(),
+                         .exp_avg = x.exp_avg.data_ptr<uint8_t>(),
+                         .exp_avg_sq = x.exp_avg_sq.data_ptr<uint8_t>(),
+                         .grad = grad,
+                         .weights_out = x.staging},
+                        args, simd_);
+    } else if (!x.on_tier()) {
       HostUnitAdamW(layout,
                     {.begin = 0,
                      .n = layout.numel,
@@ -352,16 +362,30 @@ void UpdateScheduler::PostWeightsOnly(size_t unit, int64_t chunk, const AdamWSte
     at::Tensor out = ring_->Acquire(ticket);  // may wait for the device copy of ticket - ring size
     const int64_t t0 = SteadyNowNs(), b = range.begin;
     Unit& x = units_[key.unit];
-    HostUnitAdamW(units_.layout().units[key.unit],
-                  {.begin = b,
-                   .n = range.n,
-                   .master = x.master.data_ptr<float>() + b,
-                   .exp_avg = x.exp_avg.data_ptr<float>() + b,
-                   .exp_avg_sq = x.exp_avg_sq.data_ptr<float>() + b,
-                   .grad = grad,
-                   .weights_out = x.staging,
-                   .weights_only_out = reinterpret_cast<c10::BFloat16*>(out.data_ptr())},
-                  args, simd_);
+    c10::BFloat16* weights = reinterpret_cast<c10::BFloat16*>(out.data_ptr());
+    if (units_.moments(key.unit).kind() == OptimizerKind::kAdamW8bit) {
+      HostUnitAdamW8bit(units_.layout().units[key.unit], units_.moments(key.unit),
+                        {.begin = b,
+                         .n = range.n,
+                         .master = x.master.data_ptr<float>() + b,
+                         .exp_avg = x.exp_avg.data_ptr<uint8_t>(),
+                         .exp_avg_sq = x.exp_avg_sq.data_ptr<uint8_t>(),
+                         .grad = grad,
+                         .weights_out = x.staging,
+                         .weights_only_out = weights},
+                        args, simd_);
+    } else {
+      HostUnitAdamW(units_.layout().units[key.unit],
+                    {.begin = b,
+                     .n = range.n,
+                     .master = x.master.data_ptr<float>() + b,
+                     .exp_avg = x.exp_avg.data_ptr<float>() + b,
+                     .exp_avg_sq = x.exp_avg_sq.data_ptr<float>() + b,
+                     .grad = grad,
+                     .weights_out = x.staging,
+                     .weights_only_out = weights},
+                    args, simd_);
+    }
     const int64_t took_ns = SteadyNowNs() - t0;
     meter_.AddWeightsOnly(took_ns);
     meter_.AddUpdateSpan("adamw-" + Name(key), took_ns);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/model/safetensors.h"
+#include "engine/optim/moment_layout.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -166,6 +167,72 @@ TEST(AdamW8bit, ThreadsAndTilesChangeNothing) {
   const auto one = run(1), many = run(0);
   for (size_t k = 0; k < one.size(); ++k) EXPECT_TRUE(at::equal(one[k], many[k])) << "tensor " << k;
   EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
+}
+
+// The weights-only pass (weights first) computes, from the same state, the weights the whole update writes, in any
+// pieces and on any number of threads, and writes nothing else.
+TEST(AdamW8bit, WeightsOnlyPassGivesTheWholeUpdatesWeightsAndKeepsTheState) {
+  const int64_t n = 2 * 64 * kQuantBlock + 77;
+  at::manual_seed(4);
+  at::Tensor p = at::randn({n}) * 0.02, s1 = at::zeros({n}, at::kByte), s2 = at::zeros({n}, at::kByte);
+  at::Tensor a1 = at::zeros({(n + 255) / 256}), a2 = at::zeros({(n + 255) / 256});
+  auto span = [&](const at::Tensor& g, at::Tensor* out) {
+    return AdamW8bitSpan{.param = p.data_ptr<float>(),
+                         .exp_avg = s1.data_ptr<uint8_t>(),
+                         .exp_avg_absmax = a1.data_ptr<float>(),
+                         .exp_avg_sq = s2.data_ptr<uint8_t>(),
+                         .exp_avg_sq_absmax = a2.data_ptr<float>(),
+                         .grad_f32 = g.data_ptr<float>(),
+                         .out_bf16 = out != nullptr ? reinterpret_cast<c10::BFloat16*>(out->data_ptr()) : nullptr,
+                         .n = n};
+  };
+  for (int64_t step = 1; step <= 2; ++step) CpuAdamW8bit(span(at::randn({n}) * 1e-2, nullptr), FixtureArgs(step));
+  const at::Tensor g = at::randn({n}) * 1e-2;
+  const std::vector<at::Tensor> before{p.clone(), s1.clone(), s2.clone(), a1.clone(), a2.clone()};
+  for (int threads : {1, 0}) {
+    at::Tensor pieces = at::empty({n}, at::kBFloat16);
+    auto* out = reinterpret_cast<c10::BFloat16*>(pieces.data_ptr());
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1001}, {1001, n}})
+      CpuAdamW8bitWeightsOnly(span(g, nullptr), lo, hi, out + lo, FixtureArgs(3), threads);
+    const std::vector<at::Tensor> now{p, s1, s2, a1, a2};
+    for (size_t k = 0; k < now.size(); ++k) EXPECT_TRUE(at::equal(now[k], before[k])) << "state " << k;
+    at::Tensor whole = at::empty({n}, at::kBFloat16);
+    CpuAdamW8bit(span(g, &whole), FixtureArgs(3));
+    EXPECT_TRUE(at::equal(pieces, whole)) << "threads " << threads;
+    for (size_t k = 0; k < now.size(); ++k) now[k].copy_(before[k]);  // the next round starts from the same state
+  }
+}
+
+// A unit's moment buffer: fp32 for adamw; for adamw_8bit the small parameters' fp32 moments, then every block's
+// absmax, then the codes, each fp32 array 4-byte aligned.
+TEST(AdamW8bit, MomentLayoutPlacesEachParameter) {
+  UnitLayout unit;
+  int64_t offset = 0;
+  for (int64_t numel : {64, 5000, 4096, 4095}) {
+    unit.params.push_back(ParamSpec{.offset = offset, .numel = numel});
+    offset += numel + 3;  // padding between parameters
+  }
+  unit.numel = offset;
+  const MomentLayout fp32(OptimizerKind::kAdamW, unit);
+  EXPECT_EQ(fp32.dtype(), c10::kFloat);
+  EXPECT_EQ(fp32.numel(), unit.numel);
+  EXPECT_EQ(fp32.params()[2].values, 4 * unit.params[2].offset);
+  const MomentLayout q8(OptimizerKind::kAdamW8bit, unit);
+  EXPECT_EQ(q8.dtype(), c10::kByte);
+  const auto& w = q8.params();
+  EXPECT_FALSE(w[0].quantized);
+  EXPECT_TRUE(w[1].quantized);
+  EXPECT_TRUE(w[2].quantized);  // 4,096 elements and up are quantised
+  EXPECT_FALSE(w[3].quantized);
+  EXPECT_EQ(w[0].values, 0);
+  EXPECT_EQ(w[3].values, 4 * 64);
+  const int64_t absmax = 4 * (64 + 4095);
+  EXPECT_EQ(q8.float_values(), 64 + 4095 + 20 + 16);  // ceil(5000 / 256) + 4096 / 256 absmax
+  EXPECT_EQ(w[1].absmax, absmax);
+  EXPECT_EQ(w[2].absmax, absmax + 4 * 20);
+  EXPECT_EQ(w[1].values, 4 * q8.float_values());
+  EXPECT_EQ(w[2].values, 4 * q8.float_values() + 5000);
+  EXPECT_EQ(q8.bytes(), 4 * q8.float_values() + 5000 + 4096);
 }
 
 }  // namespace

@@ -122,7 +122,9 @@ TEST_F(JobFileTest, EveryChoiceIsSetByItsShortName) {
       EXPECT_EQ(JobSpec::GetReflection()->GetEnum(spec, f), value);
     }
   }
-  EXPECT_EQ(enum_fields, 10);
+  EXPECT_EQ(enum_fields, 11);
+  EXPECT_EQ(slide::v1::EnumShortName(slide::v1::Optimizer_descriptor()->FindValueByName("OPTIMIZER_ADAMW_8BIT")),
+            "adamw_8bit");
   EXPECT_EQ(slide::v1::EnumShortName(
                 slide::v1::DatasetFormat_descriptor()->FindValueByName("DATASET_FORMAT_PROMPT_COMPLETION")),
             "prompt_completion");

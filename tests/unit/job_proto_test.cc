@@ -30,7 +30,7 @@ TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
       EXPECT_EQ(r->GetEnum(out, f), f->enum_type()->value(v));
     }
   }
-  EXPECT_EQ(values, 28);
+  EXPECT_EQ(values, 30);
 }
 
 TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
@@ -41,12 +41,14 @@ TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
   EXPECT_EQ(spec->device, defaults.device);
   EXPECT_EQ(spec->nvme_state, defaults.nvme_state);
   EXPECT_EQ(spec->export_dtype, defaults.export_dtype);
+  EXPECT_EQ(spec->optimizer, slide::OptimizerKind::kAdamW);
   JobSpec served;
   slide::SpecToProto("x", *spec, &served);  // what GetJob shows: the defaults by name, never UNSPECIFIED
   EXPECT_EQ(served.lr_schedule(), slide::v1::LR_SCHEDULE_COSINE);
   EXPECT_EQ(served.device(), slide::v1::DEVICE_AUTO);
   EXPECT_EQ(served.sequence_mode(), slide::v1::SEQUENCE_MODE_PACK);
   EXPECT_EQ(served.nvme_state(), slide::v1::NVME_STATE_NONE);
+  EXPECT_EQ(served.optimizer(), slide::v1::OPTIMIZER_ADAMW);
 }
 
 // nvme_layers is optional: absent means every unit on the tier (the engine's -1) and stays absent in what GetJob

@@ -51,6 +51,21 @@ TEST(MemoryPlan, EightBillionOnA24GiBBudget) {
   EXPECT_LE(p2.device_total, 1.35 * 14329839616);
 }
 
+// adamw_8bit: a byte per element and an fp32 absmax per 256 for each moment (every 8B parameter has 4,096 elements
+// or more), so the host keeps 4 + 2 x (1 + 4/256) + 2 bytes a parameter instead of 14.
+TEST(MemoryPlan, EightBitMomentsAreAboutTwoBytesAParameter) {
+  PlanRequest r = Request8B(24);
+  r.resident_layers = 0;
+  const MemoryPlan fp32 = testing::ValueOrDie(PlanMemory(r));
+  r.optimizer = OptimizerKind::kAdamW8bit;
+  const MemoryPlan q8 = testing::ValueOrDie(PlanMemory(r));
+  const double n = double(Llama8B().TotalParamCount());
+  EXPECT_NEAR(fp32.moments_bytes / n, 8.0, 0.01);
+  EXPECT_NEAR(q8.moments_bytes / n, 2.0 * (1 + 4.0 / 256), 0.01);
+  EXPECT_NEAR(q8.host_total / n, 8.03, 0.05);
+  EXPECT_EQ(fp32.host_total - q8.host_total, fp32.moments_bytes - q8.moments_bytes);  // nothing else changes
+}
+
 TEST(MemoryPlan, WholeModelResidentWhenItFits) {
   MemoryPlan p = testing::ValueOrDie(PlanMemory(Request8B(120)));
   EXPECT_EQ(p.window, 32);

@@ -69,6 +69,7 @@ struct Case {
   // Weights first by step (s % 4: on, off, off, on; made with kOn): every change of schedule, streamed layers moving
   // between the device's update and the CPU's.
   bool alternate_schedule = false;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
 };
 
 // The NVMe tier on a scratch directory with chunks of 1024 floats and a 3-chunk ring, so every unit of the test
@@ -124,6 +125,7 @@ void RunEquivalence(const Case& c, c10::Device device) {
   const ModelParams params = RepeatedLayers(fx, &cfg, 4);
 
   TrainerOptions o = Options(c.dtype, c.max_grad_norm, device);
+  o.optimizer = c.optimizer;
   ReferenceTrainer ref(cfg, params, o);
   ScratchDir nvme_dir;
   SlidingOptions so{.train = o, .window = c.window, .checkpoints_on_host = device.is_cuda()};
@@ -156,9 +158,14 @@ void RunEquivalence(const Case& c, c10::Device device) {
   // weights (2^-8 relative) and the two runs drift apart chaotically: measured up to 3e-4 on the loss and
   // single-step gradient-norm spikes of 9% (mean 1-2%) over 20 steps on the CPU; on the H200, whose kernels
   // reduce in a different (and nondeterministic) order, up to 2.4e-3 on the loss.
+  // 8-bit moments turn those ulps into whole code steps: a moment a rounding error away from the midpoint of two
+  // codes lands on the other one (neighbouring codes of the signed map lie 1.5% apart near |x| = 1, up to 12%
+  // above 0.1), and that element's update moves with it. Measured on llama3 fp32 over 20 steps: loss 9e-7, gradient
+  // norm 5.8e-5, weight updates 1.2e-2 (per tensor, max-rel); the bounds below are those with a margin of 3-4x.
+  const bool q8 = c.optimizer == OptimizerKind::kAdamW8bit;
   if (fp32) {
     EXPECT_LE(worst_loss, 1e-5);
-    EXPECT_LE(worst_norm, 1e-5);
+    EXPECT_LE(worst_norm, q8 ? 2e-4 : 1e-5);
   } else {
     EXPECT_LE(early, 1e-3);
     EXPECT_LE(worst_loss, 5e-3);
@@ -176,7 +183,7 @@ void RunEquivalence(const Case& c, c10::Device device) {
     if (fp32) {
       auto d = Compare(ours, theirs);
       worst_update = std::max(worst_update, d.rel);
-      EXPECT_LE(d.rel, 1e-2) << a[k].first;
+      EXPECT_LE(d.rel, q8 ? 5e-2 : 1e-2) << a[k].first;
     }
     diff_sq += (ours - theirs).pow(2).sum().item<double>();
     update_sq += theirs.pow(2).sum().item<double>();
@@ -186,15 +193,16 @@ void RunEquivalence(const Case& c, c10::Device device) {
     EXPECT_LE(worst_update, 5e-2);
   }
   std::printf(
-      "SLIDING %-8s %s window %lld resident %lld streamed %.2f accum %lld clip %.1f nvme %s: first 3 steps rel %.1e, "
+      "SLIDING %-8s %s %s window %lld resident %lld streamed %.2f accum %lld clip %.1f nvme %s: first 3 steps rel "
+      "%.1e, "
       "loss rel %.2e, "
       "grad-norm rel "
       "%.2e "
       "(mean %.1e), weight "
       "updates %s %.2e over 20 steps\n",
-      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", (long long)c.window, (long long)c.resident, c.streamed,
-      (long long)c.accum, c.max_grad_norm, TierModeName(c.tier), early, worst_loss, worst_norm, mean_norm,
-      fp32 ? "max-rel" : "norm-rel", worst_update);
+      c.arch.c_str(), c.dtype == c10::kFloat ? "fp32" : "bf16", OptimizerName(c.optimizer), (long long)c.window,
+      (long long)c.resident, c.streamed, (long long)c.accum, c.max_grad_norm, TierModeName(c.tier), early, worst_loss,
+      worst_norm, mean_norm, fp32 ? "max-rel" : "norm-rel", worst_update);
 }
 
 TEST(SlidingTrainer, EqualsReferenceFp32WithAccumulationAndClipping) {
@@ -649,6 +657,61 @@ TEST(SlidingTrainer, EqualsReferenceWeightsFirst_CUDA) {
                  c10::Device(c10::kCUDA, 0));
   RunEquivalence({"qwen3", c10::kBFloat16, 2, 2, 1.0, TierMode::kNone, 1, 0, WeightsFirst::kOn},
                  c10::Device(c10::kCUDA, 0));
+}
+
+// 8-bit moments (adamw_8bit): the reference dequantises, steps and requantises each parameter with torch's ops;
+// the sliding trainer runs the fused CPU kernel, whole units and weights first.
+TEST(SlidingTrainer, EqualsReferenceAdamW8bit) {
+  Case fp32{"llama3", c10::kFloat, 2, 2, 1.0};
+  fp32.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(fp32, c10::Device(c10::kCPU));
+  Case bf16{"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 0, 0, WeightsFirst::kOn};
+  bf16.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(bf16, c10::Device(c10::kCPU));
+}
+
+// With 8-bit moments the schedule changes nothing either: weights first (its weights-only pass dequantises what
+// the whole update then requantises) and whole updates, one slot or two, with and without accumulation, give the
+// same losses and the same bytes of state; that state restored into a new trainer trains on identically.
+TEST(SlidingTrainer, AdamW8bitIsBitIdenticalAcrossSchedulesAndRestores) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  for (int64_t accum : {1, 2}) {
+    SCOPED_TRACE("accum " + std::to_string(accum));
+    TrainerOptions o = Options(c10::kBFloat16, 1.0, cpu);
+    o.optimizer = OptimizerKind::kAdamW8bit;
+    SlidingOptions whole{.train = o, .window = 1}, first{.train = o, .window = 2};
+    whole.weights_first = WeightsFirst::kOff;
+    first.weights_first = WeightsFirst::kOn;
+    SlidingTrainer a(cfg, params, whole), b(cfg, params, first);
+    for (int64_t s = 0; s < 5; ++s) StepAlike(a, b, s, accum, cfg.vocab_size);
+    EXPECT_GT(b.ring_loads(), 0);  // the second went weights first
+    const StateShape moments = testing::ValueOrDie(a.StateShapeOf(1, 1));
+    EXPECT_EQ(moments.dtype, c10::kByte);
+    EXPECT_LT(moments.numel, 4 * a.layout().units[1].numel);  // fewer bytes than fp32 moments
+    ExpectSameStateAndRestore(a, b, cfg, params, first, accum);
+  }
+}
+
+TEST(SlidingTrainer, AdamW8bitRefusesDeviceAndTierPlacementsItCannotRunYet) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  const ModelLayout layout = BuildModelLayout(fx.config);
+  TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
+  o.optimizer = OptimizerKind::kAdamW8bit;
+  ScratchDir dir;
+  SlidingOptions resident{.train = o, .window = 1}, streamed = resident, tiered = resident;
+  resident.resident_layers = 1;
+  streamed.device_update_share = 0.5;
+  tiered.nvme = SmallTier(TierMode::kMoments, dir);
+  for (const SlidingOptions* so : {&resident, &streamed, &tiered}) {
+    const Status st = ValidateSlidingOptions(*so, layout);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    ExpectContains(st.message(), "optimizer adamw_8bit keeps every unit's state in host memory");
+  }
+  SlidingOptions host{.train = o, .window = 1};
+  EXPECT_TRUE(ValidateSlidingOptions(host, layout).ok());
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {

@@ -111,6 +111,12 @@ TEST(TrainingJob, BadSpecsNameTheField) {
   expect([](TrainingJobSpec& s) { s.max_grad_norm = std::numeric_limits<double>::infinity(); },
          "job field 'max_grad_norm' must be a finite number");
   expect([](TrainingJobSpec& s) { s.adam_eps = std::nan(""); }, "job field 'adam_eps' must be a finite number");
+  expect(
+      [](TrainingJobSpec& s) {
+        s.optimizer = OptimizerKind::kAdamW8bit;
+        s.nvme_state = TierMode::kMoments;
+      },
+      "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments) cannot be combined yet");
 }
 
 // Sizes that would make the daemon allocate until the OOM killer ends it (batch_size 2^55), or overflow the step
@@ -371,11 +377,13 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
 // uninterrupted run (CPU fp32: same data order, same optimizer state, same LR). Each of the three runs keeps its
 // optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory: every
 // unit's state, or with `nvme_layers` the last layers').
-void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_layers = -1) {
+void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_layers = -1,
+                       OptimizerKind optimizer = OptimizerKind::kAdamW) {
   JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
+  spec.optimizer = optimizer;
   ScratchDir nvme_dir;
   env.nvme.io.dirs = {nvme_dir.path()};
   env.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
@@ -437,6 +445,11 @@ TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
   ExpectExactResume({TierMode::kMoments, TierMode::kMomentsAndMaster, TierMode::kNone}, 1);
   ExpectExactResume({TierMode::kNone, TierMode::kMoments, TierMode::kMomentsAndMaster}, 1);
   ExpectExactResume({TierMode::kMoments, TierMode::kNone, TierMode::kMomentsAndMaster}, 0);  // the planner's pick
+}
+
+// 8-bit moments: the checkpoint holds their bytes (codes, block absmax, the small parameters' fp32 moments).
+TEST(TrainingJob, ResumesExactlyWithEightBitMoments) {
+  ExpectExactResume({TierMode::kNone, TierMode::kNone, TierMode::kNone}, -1, OptimizerKind::kAdamW8bit);
 }
 
 // nvme_layers 0: the planner tiers the fewest last layers with which the rest fits the host; the demo model fits any
@@ -554,6 +567,18 @@ TEST(TrainingJob, CorruptOrForeignCheckpointFailsTheJobWithTheFile) {
   r = RunTrainingJob(spec, env, {}, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   ExpectContains(r.status().message(), "state.json' is corrupt");
+}
+
+// A checkpoint's moments are those of the optimizer that wrote it: a job with the other optimizer is refused,
+// naming both, before anything is read (the bytes of 8-bit moments are no fp32 state, and back).
+TEST(TrainingJob, CheckpointOfTheOtherOptimizerIsRefused) {
+  JobEnvironment env;  // what the daemon would set
+  testing::TempDir out;
+  TrainingJobSpec spec = SuspendedAtStepTwo(out, env);
+  spec.optimizer = OptimizerKind::kAdamW8bit;
+  auto r = RunTrainingJob(spec, env, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  ExpectContains(r.status().message(), "holds the state of optimizer adamw, but this job's optimizer is adamw_8bit");
 }
 
 // A checkpoint is a file like any other: a state.json that claims more steps than the job has, or tensors that
