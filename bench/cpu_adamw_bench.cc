@@ -1,6 +1,7 @@
 // Benchmark: fused CPU AdamW (bf16 grad in, fp32 master + moments updated, bf16 weight out) per SIMD level, and
 // its weights-only pass (state read, only the bf16 weight written: the weights-first schedule's short pass) at the
-// best level, against PyTorch's fused CPU AdamW (at::_fused_adamw_, fp32 grads, no bf16 output) on the same data.
+// best level, against PyTorch's fused CPU AdamW (at::_fused_adamw_, fp32 grads, no bf16 output) on the same data;
+// then the 8-bit AdamW (adamw_8bit.h: byte moments with a block absmax) per SIMD level it has.
 // Checks first (one step of each against the ATen reference), then times. Prints one JSON line.
 // Usage: cpu_adamw_bench [params (default 2^28)] [repeats (default 5)]
 #include <ATen/ATen.h>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "engine/memory/host_array.h"
+#include "engine/optim/adamw_8bit.h"
 #include "engine/optim/cpu_adamw.h"
 
 using namespace slide;
@@ -86,6 +88,33 @@ int main(int argc, char** argv) {
     }
     std::snprintf(buf, sizeof(buf), "\"slide_%s_weights_only_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
     results += buf;
+  }
+
+  {
+    at::Tensor q1 = HostArray(n, at::kByte, huge), q2 = HostArray(n, at::kByte, huge);
+    const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+    at::Tensor a1 = HostArray(blocks, at::kFloat, huge), a2 = HostArray(blocks, at::kFloat, huge);
+    const AdamW8bitSpan span{.param = p.data_ptr<float>(),
+                             .exp_avg = q1.data_ptr<uint8_t>(),
+                             .exp_avg_absmax = a1.data_ptr<float>(),
+                             .exp_avg_sq = q2.data_ptr<uint8_t>(),
+                             .exp_avg_sq_absmax = a2.data_ptr<float>(),
+                             .grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g16.data_ptr()),
+                             .out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                             .n = n};
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx512}) {
+      if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
+      CpuAdamW8bit(span, {hp, 1, 1.0f}, level);  // warm-up (page faults), non-zero state for the timed steps
+      double best = 1e30;
+      for (int r = 0; r < repeats; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        CpuAdamW8bit(span, {hp, r + 2, 1.0f}, level);
+        best = std::min(best, Seconds(t0));
+      }
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), "\"slide_adamw8bit_%s_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
+      results += buf;
+    }
   }
 
   at::Tensor step = at::zeros({}, at::kFloat);

@@ -24,6 +24,9 @@ const std::array<float, 256>& UnsignedDynamicMap();  // [0, 1]: the second momen
 
 // The code nearest to x (clamped to [-1, 1]) in a sorted map; an exact midpoint goes to the lower code.
 uint8_t NearestCode(const std::array<float, 256>& map, float x);
+// The same code found through a table of the float's top 16 bits (what the update uses); map is one of the two
+// dynamic maps above.
+uint8_t IndexedNearestCode(const std::array<float, 256>& map, float x);
 // `n` values in blocks of kQuantBlock (the last may be shorter): absmax[b] = max |x| over block b (ceil(n / 256)
 // of them), codes[i] = NearestCode(x[i] * (1 / absmax)); a block of zeros gets absmax 0 and code 0.
 void QuantizeBlockwise(const float* x, int64_t n, const std::array<float, 256>& map, uint8_t* codes, float* absmax);
@@ -44,13 +47,14 @@ struct AdamW8bitSpan {
   int64_t n = 0;
 };
 
-// On the calling thread when `threads` == 1, else tiles of whole blocks across ThreadPool::Default().
-void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, int threads = 0);
+// On the calling thread when `threads` == 1, else tiles of whole blocks across ThreadPool::Default(). The AVX-512
+// body (where `level` allows it; AVX2 takes the scalar path) is bit-identical to the scalar one.
+void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads = 0);
 
 // The weights-only pass (see AdamWSpan::weights_only) over elements [lo, hi) of the parameter `span` describes
 // (its pointers at the parameter's first element; out_bf16 unused): each element's updated weight, computed
 // exactly as CpuAdamW8bit computes it, rounded to bf16 into out[0, hi - lo). The state is only read.
 void CpuAdamW8bitWeightsOnly(const AdamW8bitSpan& span, int64_t lo, int64_t hi, c10::BFloat16* out,
-                             const AdamWStepArgs& args, int threads = 0);
+                             const AdamWStepArgs& args, SimdLevel level, int threads = 0);
 
 }  // namespace slide

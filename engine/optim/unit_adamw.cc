@@ -89,10 +89,10 @@ void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, cons
     span.out_bf16 = out;
     span.n = spec.numel;
     if (weights_only) {
-      CpuAdamW8bitWeightsOnly(span, lo - spec.offset, hi - spec.offset, r.weights_only_out + (lo - r.begin),
-                              param_args);
+      CpuAdamW8bitWeightsOnly(span, lo - spec.offset, hi - spec.offset, r.weights_only_out + (lo - r.begin), param_args,
+                              simd);
     } else {
-      CpuAdamW8bit(span, param_args);
+      CpuAdamW8bit(span, param_args, simd);
     }
   }
   if (weights_only) return;

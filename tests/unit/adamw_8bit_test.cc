@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -111,7 +112,7 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesFromItsState) {
                   .exp_avg_sq_absmax = a2.data_ptr<float>(),
                   .grad_f32 = grad.data_ptr<float>(),
                   .n = n},
-                 FixtureArgs(step));
+                 FixtureArgs(step), DetectSimdLevel());
     const std::string after = "step" + std::to_string(step) + ".";
     const at::Tensor want_param = bnb[after + "param"];
     // The master: the same AdamW from the same state, its terms rounded in another order (bitsandbytes' CPU path
@@ -143,30 +144,62 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesFromItsState) {
   }
 }
 
-// Tiles of whole blocks, on one thread or many, bf16 gradients and weights out: the same bits.
-TEST(AdamW8bit, ThreadsAndTilesChangeNothing) {
-  const int64_t n = 3 * 64 * kQuantBlock + 301;  // three tiles and an odd tail
-  at::manual_seed(3);
-  const at::Tensor p0 = at::randn({n}) * 0.02, g = (at::randn({n}) * 1e-2).to(at::kBFloat16);
-  auto run = [&](int threads) {
-    at::Tensor p = p0.clone(), s1 = at::zeros({n}, at::kByte), s2 = at::zeros({n}, at::kByte);
-    at::Tensor a1 = at::zeros({(n + 255) / 256}), a2 = at::zeros({(n + 255) / 256});
-    at::Tensor out = at::empty({n}, at::kBFloat16);
-    for (int64_t step = 1; step <= 3; ++step)
-      CpuAdamW8bit({.param = p.data_ptr<float>(),
-                    .exp_avg = s1.data_ptr<uint8_t>(),
-                    .exp_avg_absmax = a1.data_ptr<float>(),
-                    .exp_avg_sq = s2.data_ptr<uint8_t>(),
-                    .exp_avg_sq_absmax = a2.data_ptr<float>(),
-                    .grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g.data_ptr()),
-                    .out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
-                    .n = n},
-                   FixtureArgs(step), threads);
-    return std::vector<at::Tensor>{p, s1, s2, a1, a2, out};
-  };
-  const auto one = run(1), many = run(0);
-  for (size_t k = 0; k < one.size(); ++k) EXPECT_TRUE(at::equal(one[k], many[k])) << "tensor " << k;
-  EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
+// Tiles of whole blocks, on one thread or many, the scalar path or the SIMD body, bf16 gradients and weights out:
+// the same bits (blocks of odd lengths: the tail block and a parameter under one block take the scalar tail).
+TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
+  for (const int64_t n : {3 * 64 * kQuantBlock + 301, int64_t{37}}) {
+    at::manual_seed(3);
+    const at::Tensor p0 = at::randn({n}) * 0.02, g = (at::randn({n}) * 1e-2).to(at::kBFloat16);
+    auto run = [&](SimdLevel level, int threads) {
+      at::Tensor p = p0.clone(), s1 = at::zeros({n}, at::kByte), s2 = at::zeros({n}, at::kByte);
+      at::Tensor a1 = at::zeros({(n + 255) / 256}), a2 = at::zeros({(n + 255) / 256});
+      at::Tensor out = at::empty({n}, at::kBFloat16);
+      for (int64_t step = 1; step <= 3; ++step)
+        CpuAdamW8bit({.param = p.data_ptr<float>(),
+                      .exp_avg = s1.data_ptr<uint8_t>(),
+                      .exp_avg_absmax = a1.data_ptr<float>(),
+                      .exp_avg_sq = s2.data_ptr<uint8_t>(),
+                      .exp_avg_sq_absmax = a2.data_ptr<float>(),
+                      .grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g.data_ptr()),
+                      .out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                      .n = n},
+                     FixtureArgs(step), level, threads);
+      return std::vector<at::Tensor>{p, s1, s2, a1, a2, out};
+    };
+    const auto one = run(SimdLevel::kScalar, 1);
+    for (const auto& [level, threads] :
+         {std::pair{SimdLevel::kScalar, 0}, std::pair{DetectSimdLevel(), 1}, std::pair{DetectSimdLevel(), 0}}) {
+      const auto other = run(level, threads);
+      for (size_t k = 0; k < one.size(); ++k)
+        EXPECT_TRUE(at::equal(one[k], other[k]))
+            << "n " << n << " " << SimdLevelName(level) << " threads " << threads << " tensor " << k;
+    }
+    EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
+  }
+}
+
+// The code table finds NearestCode's code for every value: both ends of every bucket of 2^16 floats in [-1, 1],
+// each code's value and its float neighbours, the midpoints between codes and theirs, and random values.
+TEST(AdamW8bit, IndexedNearestCodeIsNearestCode) {
+  for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()}) {
+    std::vector<float> xs;
+    for (uint32_t key = 0; key < 65536; ++key)
+      for (uint32_t low : {0u, 0xFFFFu}) {
+        const uint32_t bits = (key << 16) | low;
+        float x;
+        std::memcpy(&x, &bits, 4);
+        if (std::isfinite(x) && std::fabs(x) <= 1.0f) xs.push_back(x);
+      }
+    for (int c = 0; c < 256; ++c) {
+      const float mid = c < 255 ? ((*map)[c] + (*map)[c + 1]) / 2 : (*map)[c];
+      for (float x : {(*map)[c], mid})
+        for (float y : {std::nextafter(x, -2.0f), x, std::nextafter(x, 2.0f)}) xs.push_back(y);
+    }
+    at::manual_seed(5);
+    const at::Tensor r = at::rand({100000}) * 2 - 1;
+    for (int64_t i = 0; i < r.numel(); ++i) xs.push_back(r[i].item<float>());
+    for (float x : xs) ASSERT_EQ(IndexedNearestCode(*map, x), NearestCode(*map, x)) << x;
+  }
 }
 
 // The weights-only pass (weights first) computes, from the same state, the weights the whole update writes, in any
@@ -186,18 +219,20 @@ TEST(AdamW8bit, WeightsOnlyPassGivesTheWholeUpdatesWeightsAndKeepsTheState) {
                          .out_bf16 = out != nullptr ? reinterpret_cast<c10::BFloat16*>(out->data_ptr()) : nullptr,
                          .n = n};
   };
-  for (int64_t step = 1; step <= 2; ++step) CpuAdamW8bit(span(at::randn({n}) * 1e-2, nullptr), FixtureArgs(step));
+  for (int64_t step = 1; step <= 2; ++step)
+    CpuAdamW8bit(span(at::randn({n}) * 1e-2, nullptr), FixtureArgs(step), SimdLevel::kScalar);
   const at::Tensor g = at::randn({n}) * 1e-2;
   const std::vector<at::Tensor> before{p.clone(), s1.clone(), s2.clone(), a1.clone(), a2.clone()};
-  for (int threads : {1, 0}) {
+  for (int threads : {1, 0}) {  // one thread on the scalar path, the pool with the SIMD body
     at::Tensor pieces = at::empty({n}, at::kBFloat16);
     auto* out = reinterpret_cast<c10::BFloat16*>(pieces.data_ptr());
-    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1001}, {1001, n}})
-      CpuAdamW8bitWeightsOnly(span(g, nullptr), lo, hi, out + lo, FixtureArgs(3), threads);
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1001}, {1001, 1013}, {1013, n}})
+      CpuAdamW8bitWeightsOnly(span(g, nullptr), lo, hi, out + lo, FixtureArgs(3),
+                              threads == 0 ? DetectSimdLevel() : SimdLevel::kScalar, threads);
     const std::vector<at::Tensor> now{p, s1, s2, a1, a2};
     for (size_t k = 0; k < now.size(); ++k) EXPECT_TRUE(at::equal(now[k], before[k])) << "state " << k;
     at::Tensor whole = at::empty({n}, at::kBFloat16);
-    CpuAdamW8bit(span(g, &whole), FixtureArgs(3));
+    CpuAdamW8bit(span(g, &whole), FixtureArgs(3), DetectSimdLevel());
     EXPECT_TRUE(at::equal(pieces, whole)) << "threads " << threads;
     for (size_t k = 0; k < now.size(); ++k) now[k].copy_(before[k]);  // the next round starts from the same state
   }
