@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
                              .grad_bf16 = reinterpret_cast<const c10::BFloat16*>(g16.data_ptr()),
                              .out_bf16 = reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
                              .n = n};
-    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx512}) {
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
       if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
       CpuAdamW8bit(span, {hp, 1, 1.0f}, level);  // warm-up (page faults), non-zero state for the timed steps
       double best = 1e30;

@@ -169,6 +169,8 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
     host_moments[u] =
         !(u >= 1 && static_cast<int64_t>(u) <= best.resident_layers) && (tier_index.empty() || tier_index[u] < 0);
   best.moments_bytes = MomentBytes(r.optimizer, layout, host_moments);
+  best.optimizer = r.optimizer;
+  best.params = r.model.TotalParamCount();
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
   best.nvme_bytes = (8 + (r.master_on_nvme ? 4 : 0)) * tiered;
   best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;
@@ -220,13 +222,18 @@ std::string MemoryPlan::ToString() const {
   row("total", device_total);
   out += "host\n";
   row("fp32 master weights", master_bytes);
-  row("AdamW moments", moments_bytes);
+  row(optimizer == OptimizerKind::kAdamW ? "AdamW moments (fp32)" : "AdamW moments (8-bit)", moments_bytes);
   row("compute-dtype staging", staging_bytes);
   row("gradient buffers", grad_bytes);
   row("layer inputs", host_checkpoint_bytes);
   if (nvme_bytes > 0) row("NVMe tier ring buffers", nvme_ring_bytes);
   if (weight_ring_bytes > 0) row("weights-first ring", weight_ring_bytes);
   row("total", host_total);
+  if (params > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "  %-34s %12.2f\n", "bytes per parameter", double(host_total) / double(params));
+    out += buf;
+  }
   if (nvme_bytes > 0) {
     out += "NVMe (" +
            (nvme_layers < 0 ? std::string("every unit") : "the last " + std::to_string(nvme_layers) + " layers") +

@@ -66,7 +66,9 @@ struct MemoryPlan {
   int64_t device_total = 0;
   // Host bytes.
   int64_t master_bytes = 0;   // fp32 weights
-  int64_t moments_bytes = 0;  // AdamW m and v
+  int64_t moments_bytes = 0;  // AdamW m and v, as `optimizer` keeps them
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int64_t params = 0;         // the model's parameters (the host's bytes per parameter are host_total / params)
   int64_t staging_bytes = 0;  // compute-dtype weights the forward loads (gradients land here without accumulation)
   int64_t grad_bytes = 0;     // gradient landing and fp32 accumulation buffers
   int64_t host_checkpoint_bytes = 0;

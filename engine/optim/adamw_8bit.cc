@@ -11,6 +11,7 @@
 #include "engine/common/thread_pool.h"
 #include "engine/optim/adamw_scalars.h"
 #include "engine/optim/bf16_bits.h"
+#include "engine/optim/simd_bf16.h"
 
 namespace slide {
 namespace {
@@ -192,13 +193,8 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 Update16(const AdamW8b
   return _mm512_sub_ps(p, _mm512_mul_ps(k.step, _mm512_div_ps(mk, denom)));
 }
 
-// 16 weights rounded to bf16 (nearest even, NaN kept), as FloatToBf16Bits.
 __attribute__((target("avx512f,avx512bw"))) inline void StoreBf16x16(c10::BFloat16* out, __m512 p) {
-  const __m512i bits = _mm512_castps_si512(p);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ToBf16x16(p));
 }
 
 __attribute__((target("avx512f,avx512bw"))) void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c,
@@ -263,6 +259,129 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnly(const AdamW8b
   ScalarWeightsOnly(s, c, i, b, out + (i - a));
 }
 
+// The AVX2 body: the AVX-512 one's steps 8 elements at a time.
+__attribute__((target("avx2,fma"))) inline void QuantizeBlock256(const float* x, int64_t len, const CodeIndex& index,
+                                                                 uint8_t* codes, float* absmax, float amax) {
+  *absmax = amax;
+  if (amax == 0.0f) {
+    std::fill(codes, codes + len, uint8_t{0});
+    return;
+  }
+  const float inv = 1.0f / amax;
+  const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF), byte = _mm256_set1_epi32(0xFF), ones = _mm256_set1_epi32(-1);
+  const __m256i gather_bytes = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  const int* table = reinterpret_cast<const int*>(index.entry);
+  int64_t k = 0;
+  for (; k + 8 <= len; k += 8) {
+    const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), lo), hi);
+    const __m256i bits = _mm256_castps_si256(q);
+    const __m256i key = _mm256_srli_epi32(bits, 16);
+    const __m256i offset =
+        _mm256_xor_si256(_mm256_and_si256(bits, low16), _mm256_and_si256(_mm256_srai_epi32(bits, 31), low16));
+    const __m256i e = _mm256_i32gather_epi32(table, key, 4);
+    // offset >= start of the next code (both below 2^17: a signed compare will do), as -1 / 0
+    const __m256i up = _mm256_xor_si256(_mm256_cmpgt_epi32(_mm256_srli_epi32(e, 8), offset), ones);
+    const __m256i code = _mm256_sub_epi32(_mm256_and_si256(e, byte), up);
+    const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(code, code), _mm256_setzero_si256());
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + k),
+                     _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(packed, gather_bytes)));
+  }
+  for (; k < len; ++k) codes[k] = index.Nearest(x[k] * inv);
+}
+
+struct Avx2Scalars {
+  __m256 decay, w1, b2, w2, step, bc2, eps, gs;
+};
+
+__attribute__((target("avx2,fma"))) inline Avx2Scalars Broadcast8(const AdamWScalars& c) {
+  return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.one_minus_b1), _mm256_set1_ps(c.b2),
+          _mm256_set1_ps(c.one_minus_b2), _mm256_set1_ps(c.step_size),    _mm256_set1_ps(c.bc2_sqrt),
+          _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.grad_scale)};
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 Update8(const AdamW8bitSpan& s, const Avx2Scalars& k, int64_t i,
+                                                          __m256 a1, __m256 a2, __m256* m, __m256* v) {
+  const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.exp_avg + i)));
+  const __m256i c2 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.exp_avg_sq + i)));
+  __m256 mk = _mm256_mul_ps(_mm256_i32gather_ps(SignedDynamicMap().data(), c1, 4), a1);
+  __m256 vk = _mm256_mul_ps(_mm256_i32gather_ps(UnsignedDynamicMap().data(), c2, 4), a2);
+  __m256 g;
+  if (s.grad_bf16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.grad_bf16 + i));
+    g = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    g = _mm256_loadu_ps(s.grad_f32 + i);
+  }
+  g = _mm256_mul_ps(g, k.gs);
+  __m256 p = _mm256_mul_ps(_mm256_loadu_ps(s.param + i), k.decay);
+  mk = _mm256_add_ps(mk, _mm256_mul_ps(k.w1, _mm256_sub_ps(g, mk)));
+  vk = _mm256_add_ps(_mm256_mul_ps(vk, k.b2), _mm256_mul_ps(k.w2, _mm256_mul_ps(g, g)));
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vk), k.bc2), k.eps);
+  *m = mk;
+  *v = vk;
+  return _mm256_sub_ps(p, _mm256_mul_ps(k.step, _mm256_div_ps(mk, denom)));
+}
+
+__attribute__((target("avx2,fma"))) inline float MaxOf(__m256 x) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, x);
+  float m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = std::max(m, lanes[j]);
+  return m;
+}
+
+__attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first,
+                                                    int64_t last) {
+  const CodeIndex& index1 = IndexOf(SignedDynamicMap());
+  const CodeIndex& index2 = IndexOf(UnsignedDynamicMap());
+  const Avx2Scalars k8 = Broadcast8(c);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  alignas(32) float m[kQuantBlock], v[kQuantBlock];
+  for (int64_t b = first; b < last; ++b) {
+    const int64_t begin = b * kQuantBlock, len = std::min(kQuantBlock, s.n - begin);
+    const __m256 a1 = _mm256_set1_ps(s.exp_avg_absmax[b]), a2 = _mm256_set1_ps(s.exp_avg_sq_absmax[b]);
+    __m256 amax1 = _mm256_setzero_ps(), amax2 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= len; k += 8) {
+      const int64_t i = begin + k;
+      __m256 mk, vk;
+      const __m256 p = Update8(s, k8, i, a1, a2, &mk, &vk);
+      _mm256_storeu_ps(s.param + i, p);
+      if (s.out_bf16) _mm_storeu_si128(reinterpret_cast<__m128i*>(s.out_bf16 + i), ToBf16x8(p));
+      _mm256_store_ps(m + k, mk);
+      _mm256_store_ps(v + k, vk);
+      amax1 = _mm256_max_ps(amax1, _mm256_and_ps(mk, abs_mask));
+      amax2 = _mm256_max_ps(amax2, _mm256_and_ps(vk, abs_mask));
+    }
+    float t1 = MaxOf(amax1), t2 = MaxOf(amax2);
+    const int64_t tail = k;
+    ScalarElements(s, c, b, begin, tail, len, m, v);
+    for (int64_t j = tail; j < len; ++j) {
+      t1 = std::max(t1, std::fabs(m[j]));
+      t2 = std::max(t2, std::fabs(v[j]));
+    }
+    QuantizeBlock256(m, len, index1, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
+    QuantizeBlock256(v, len, index2, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b, t2);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void Avx2WeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a,
+                                                         int64_t b, c10::BFloat16* out) {
+  const Avx2Scalars k8 = Broadcast8(c);
+  const int64_t head = std::min(b, (a + 7) / 8 * 8);
+  ScalarWeightsOnly(s, c, a, head, out);
+  int64_t i = head;
+  for (; i + 8 <= b; i += 8) {
+    const int64_t block = i / kQuantBlock;
+    __m256 m, v;
+    const __m256 p =
+        Update8(s, k8, i, _mm256_set1_ps(s.exp_avg_absmax[block]), _mm256_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (i - a)), ToBf16x8(p));
+  }
+  ScalarWeightsOnly(s, c, i, b, out + (i - a));
+}
+
 }  // namespace
 
 uint8_t NearestCode(const std::array<float, 256>& map, float x) {
@@ -294,7 +413,7 @@ void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLeve
   const AdamWScalars c = MakeAdamWScalars(args);
   const int64_t blocks = (span.n + kQuantBlock - 1) / kQuantBlock;
   const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
-  auto blocks_of = level == SimdLevel::kAvx512 ? Avx512Blocks : ScalarBlocks;
+  auto blocks_of = level == SimdLevel::kAvx512 ? Avx512Blocks : level == SimdLevel::kAvx2 ? Avx2Blocks : ScalarBlocks;
   auto run_tile = [&](int64_t t) { blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks)); };
   if (threads == 1 || tiles <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(t);
@@ -309,7 +428,9 @@ void CpuAdamW8bitWeightsOnly(const AdamW8bitSpan& s, int64_t lo, int64_t hi, c10
               "CpuAdamW8bitWeightsOnly: give exactly one gradient");
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= s.n, "CpuAdamW8bitWeightsOnly: range outside the parameter");
   const AdamWScalars c = MakeAdamWScalars(args);
-  auto body = level == SimdLevel::kAvx512 ? Avx512WeightsOnly : ScalarWeightsOnly;
+  auto body = level == SimdLevel::kAvx512 ? Avx512WeightsOnly
+              : level == SimdLevel::kAvx2 ? Avx2WeightsOnly
+                                          : ScalarWeightsOnly;
   auto run = [&](int64_t a, int64_t b) { body(s, c, a, b, out + (a - lo)); };
   const int64_t tile = kTileBlocks * kQuantBlock, tiles = (hi - lo + tile - 1) / tile;
   if (threads == 1 || tiles <= 1) return run(lo, hi);

@@ -47,8 +47,8 @@ struct AdamW8bitSpan {
   int64_t n = 0;
 };
 
-// On the calling thread when `threads` == 1, else tiles of whole blocks across ThreadPool::Default(). The AVX-512
-// body (where `level` allows it; AVX2 takes the scalar path) is bit-identical to the scalar one.
+// On the calling thread when `threads` == 1, else tiles of whole blocks across ThreadPool::Default(). The AVX-512 and
+// AVX2 bodies (as `level` says) are bit-identical to the scalar path.
 void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads = 0);
 
 // The weights-only pass (see AdamWSpan::weights_only) over elements [lo, hi) of the parameter `span` describes

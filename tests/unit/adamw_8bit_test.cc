@@ -167,8 +167,12 @@ TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
       return std::vector<at::Tensor>{p, s1, s2, a1, a2, out};
     };
     const auto one = run(SimdLevel::kScalar, 1);
-    for (const auto& [level, threads] :
-         {std::pair{SimdLevel::kScalar, 0}, std::pair{DetectSimdLevel(), 1}, std::pair{DetectSimdLevel(), 0}}) {
+    std::vector<std::pair<SimdLevel, int>> variants{{SimdLevel::kScalar, 0}};
+    for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512})
+      if (static_cast<int>(level) <= static_cast<int>(DetectSimdLevel()))
+        variants.insert(variants.end(), {{level, 1}, {level, 0}});
+    ASSERT_EQ(variants.size(), 1 + 2 * static_cast<size_t>(DetectSimdLevel()));  // every level this CPU has
+    for (const auto& [level, threads] : variants) {
       const auto other = run(level, threads);
       for (size_t k = 0; k < one.size(); ++k)
         EXPECT_TRUE(at::equal(one[k], other[k]))
@@ -223,17 +227,18 @@ TEST(AdamW8bit, WeightsOnlyPassGivesTheWholeUpdatesWeightsAndKeepsTheState) {
     CpuAdamW8bit(span(at::randn({n}) * 1e-2, nullptr), FixtureArgs(step), SimdLevel::kScalar);
   const at::Tensor g = at::randn({n}) * 1e-2;
   const std::vector<at::Tensor> before{p.clone(), s1.clone(), s2.clone(), a1.clone(), a2.clone()};
-  for (int threads : {1, 0}) {  // one thread on the scalar path, the pool with the SIMD body
+  for (const auto& [level, threads] :  // every SIMD body this CPU has, on one thread and on the pool
+       {std::pair{SimdLevel::kScalar, 1}, std::pair{std::min(SimdLevel::kAvx2, DetectSimdLevel()), 0},
+        std::pair{DetectSimdLevel(), 0}}) {
     at::Tensor pieces = at::empty({n}, at::kBFloat16);
     auto* out = reinterpret_cast<c10::BFloat16*>(pieces.data_ptr());
     for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1001}, {1001, 1013}, {1013, n}})
-      CpuAdamW8bitWeightsOnly(span(g, nullptr), lo, hi, out + lo, FixtureArgs(3),
-                              threads == 0 ? DetectSimdLevel() : SimdLevel::kScalar, threads);
+      CpuAdamW8bitWeightsOnly(span(g, nullptr), lo, hi, out + lo, FixtureArgs(3), level, threads);
     const std::vector<at::Tensor> now{p, s1, s2, a1, a2};
     for (size_t k = 0; k < now.size(); ++k) EXPECT_TRUE(at::equal(now[k], before[k])) << "state " << k;
     at::Tensor whole = at::empty({n}, at::kBFloat16);
     CpuAdamW8bit(span(g, &whole), FixtureArgs(3), DetectSimdLevel());
-    EXPECT_TRUE(at::equal(pieces, whole)) << "threads " << threads;
+    EXPECT_TRUE(at::equal(pieces, whole)) << SimdLevelName(level) << " threads " << threads;
     for (size_t k = 0; k < now.size(); ++k) now[k].copy_(before[k]);  // the next round starts from the same state
   }
 }
