@@ -172,7 +172,9 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   best.optimizer = r.optimizer;
   best.params = r.model.TotalParamCount();
   best.nvme_ring_bytes = r.moments_on_nvme ? r.nvme_ring_bytes : 0;
-  best.nvme_bytes = (8 + (r.master_on_nvme ? 4 : 0)) * tiered;
+  std::vector<bool> tier_moments(layout.units.size(), false);  // units whose moments the tier holds
+  for (size_t u = 0; u < tier_index.size(); ++u) tier_moments[u] = tier_index[u] >= 0;
+  best.nvme_bytes = MomentBytes(r.optimizer, layout, tier_moments) + (r.master_on_nvme ? 4 * tiered : 0);
   best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;
   best.staging_bytes = e * n;
   best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);

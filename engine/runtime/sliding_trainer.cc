@@ -102,11 +102,13 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
   if (share > 0 && dtype != c10::kBFloat16) return InvalidArgument("streamed updates need bf16 compute");
   if (share > 0 && tier) return InvalidArgument("streamed updates cannot be combined with the NVMe tier");
   if (share > 0 && o.device_update_chunk < 1) return InvalidArgument("device_update_chunk must be positive");
-  // 8-bit moments are updated by the CPU kernel only so far: every unit's state stays in host memory.
-  if (o.train.optimizer == OptimizerKind::kAdamW8bit && (o.resident_layers > 0 || share > 0 || tier))
+  // 8-bit moments are updated by the CPU kernel only so far: every unit's state in host memory, or its moments on
+  // the NVMe tier (whole units a chunk; the master stays in host memory).
+  if (o.train.optimizer == OptimizerKind::kAdamW8bit &&
+      (o.resident_layers > 0 || share > 0 || o.nvme.mode == TierMode::kMomentsAndMaster))
     return InvalidArgument(
-        "optimizer adamw_8bit keeps every unit's state in host memory (no resident layers, device update share or "
-        "NVMe tier yet)");
+        "optimizer adamw_8bit keeps every unit's state in host memory or its moments on the NVMe tier (no resident "
+        "layers, device update share or master on the tier yet)");
   return Status::Ok();
 }
 

@@ -1,5 +1,7 @@
 #include "engine/runtime/trainer_resolver.h"
 
+#include "engine/runtime/unit_store.h"
+
 namespace slide {
 
 StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions requested, PlanRequest budget) {
@@ -12,7 +14,7 @@ StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions 
   const StateTierOptions& tier = requested.nvme;
   r.moments_on_nvme = tier.mode != TierMode::kNone;
   r.master_on_nvme = tier.mode == TierMode::kMomentsAndMaster;
-  r.nvme_ring_bytes = r.moments_on_nvme ? StateTierRingBytes(tier) : 0;
+  r.nvme_ring_bytes = r.moments_on_nvme ? StateTierRingBytes(TierOptionsFor(BuildModelLayout(cfg), requested)) : 0;
   r.nvme_layers = r.moments_on_nvme ? tier.layers : -1;
   if (r.moments_on_nvme) r.resident_layers = 0;  // the tier keeps every unit's state on disk
   r.optimizer = requested.train.optimizer;

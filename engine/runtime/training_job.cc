@@ -279,10 +279,10 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
-  if (s.optimizer == OptimizerKind::kAdamW8bit && s.nvme_state != TierMode::kNone)
-    return InvalidArgument("job fields 'optimizer' (adamw_8bit) and 'nvme_state' (" +
-                           std::string(TierModeName(s.nvme_state)) +
-                           ") cannot be combined yet: 8-bit moments stay in host memory");
+  if (s.optimizer == OptimizerKind::kAdamW8bit && s.nvme_state == TierMode::kMomentsAndMaster)
+    return InvalidArgument(
+        "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments_and_master) cannot be combined yet: with 8-bit "
+        "moments the tier holds the moments only (nvme_state: moments)");
   return Status::Ok();
 }
 

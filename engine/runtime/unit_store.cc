@@ -33,15 +33,33 @@ std::vector<Placement> Placements(const ModelLayout& layout, const SlidingOption
   return p;
 }
 
+// A tiered unit's moment buffer in the tier's 4-byte words (fp32 moments: its numel).
+int64_t TierWords(const UnitLayout& unit, OptimizerKind optimizer) {
+  return (MomentLayout(optimizer, unit).bytes() + 3) / 4;
+}
+
 }  // namespace
+
+StateTierOptions TierOptionsFor(const ModelLayout& layout, const SlidingOptions& options) {
+  StateTierOptions tier = options.nvme;
+  if (tier.mode == TierMode::kNone || options.train.optimizer == OptimizerKind::kAdamW) return tier;
+  // Whole units a buffer: three hold the next unit's read, this one's update and the last one's write-back.
+  tier.buffers = std::min(tier.buffers, 3);
+  const size_t block = std::max<size_t>(1, tier.io.block_bytes);
+  for (const UnitLayout& unit : layout.units) {
+    const size_t bytes = 4 * static_cast<size_t>(TierWords(unit, options.train.optimizer));
+    tier.chunk_bytes = std::max(tier.chunk_bytes, (bytes + block - 1) / block * block);
+  }
+  return tier;
+}
 
 StatusOr<std::unique_ptr<StateTier>> UnitStore::OpenTier(const ModelLayout& layout, const SlidingOptions& options) {
   if (options.nvme.mode == TierMode::kNone) return std::unique_ptr<StateTier>();
   SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> index, TierUnitIndex(layout.num_layers(), options.nvme));
-  std::vector<int64_t> numel;
+  std::vector<int64_t> words;
   for (size_t u = 0; u < layout.units.size(); ++u)
-    if (index[u] >= 0) numel.push_back(layout.units[u].numel);
-  return StateTier::Open(options.nvme, numel);
+    if (index[u] >= 0) words.push_back(TierWords(layout.units[u], options.train.optimizer));
+  return StateTier::Open(TierOptionsFor(layout, options), words);
 }
 
 UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, DeviceQueue& queue,
@@ -68,7 +86,7 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].placement = placement[u];
     units_[u].tier_index = tier_index.empty() ? -1 : tier_index[u];
-    moments_.emplace_back(units_[u].host_held() ? options.train.optimizer : OptimizerKind::kAdamW, layout_.units[u]);
+    moments_.emplace_back(units_[u].resident() ? OptimizerKind::kAdamW : options.train.optimizer, layout_.units[u]);
   }
   auto master_on_disk = [&](size_t u) { return units_[u].on_tier() && tier_->holds_master(); };
   auto moment_zeros = [&](size_t u) {
@@ -189,9 +207,12 @@ StatusOr<at::Tensor> UnitStore::ReadState(StateKind kind, size_t unit) {
         .cpu();
   StateArray array;
   if (at::Tensor* host = HostState(kind, unit, &array)) return *host;
-  at::Tensor out = at::empty({layout_.units[unit].numel}, at::kFloat);
-  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(x.tier_index, array, out.data_ptr<float>()));
-  return out;
+  // The tier's array in words; the state is its first bytes (8-bit moments) or all of it.
+  const StateShape shape = StateShapeOf(kind, unit);
+  const int64_t bytes = shape.numel * static_cast<int64_t>(c10::elementSize(shape.dtype));
+  at::Tensor words = at::empty({(bytes + 3) / 4}, at::kFloat);
+  SLIDE_RETURN_IF_ERROR(tier_->ReadArray(x.tier_index, array, words.data_ptr<float>()));
+  return shape.dtype == c10::kFloat ? words : words.view(at::kByte).narrow(0, 0, bytes);
 }
 
 Status UnitStore::WriteState(StateKind kind, size_t unit, const at::Tensor& src) {
@@ -209,7 +230,13 @@ Status UnitStore::WriteState(StateKind kind, size_t unit, const at::Tensor& src)
     host->copy_(src);
     return Status::Ok();
   }
-  const at::Tensor f32 = src.to(at::kFloat).contiguous();
+  at::Tensor f32;
+  if (src.scalar_type() == at::kByte) {  // 8-bit moments: their bytes in the tier's words, the rest zero
+    f32 = at::zeros({(src.numel() + 3) / 4}, at::kFloat);
+    f32.view(at::kByte).narrow(0, 0, src.numel()).copy_(src);
+  } else {
+    f32 = src.to(at::kFloat).contiguous();
+  }
   SLIDE_RETURN_IF_ERROR(tier_->WriteArray(x.tier_index, array, f32.data_ptr<float>()));
   if (array == kMasterArray) x.staging.copy_(f32);  // RefreshWeights cannot read a master it does not hold
   return Status::Ok();

@@ -28,6 +28,13 @@ class DeviceQueue;
 
 enum class Placement { kResident, kHost, kStreamed, kTier };
 
+// The NVMe tier a store opens for `options` (mode none: unused). A tiered unit's arrays are its moments' buffers
+// (MomentLayout) in 4-byte words, and the master's numel when the tier holds it. With adamw_8bit a unit's moments
+// travel whole, one chunk (its blocks are requantised together), so the chunk grows to the largest unit's moment
+// buffer, block-aligned, and the ring keeps at most 3 of them; the ring the planner counts is this one's
+// (StateTierRingBytes).
+StateTierOptions TierOptionsFor(const ModelLayout& layout, const SlidingOptions& options);
+
 struct Unit {
   Placement placement = Placement::kHost;
   int64_t tier_index = -1;  // the unit's index in the NVMe tier (kTier), else -1

@@ -262,7 +262,8 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
     Unit& x = units_[unit];
     const int64_t t0 = SteadyNowNs();
     int64_t io_waited = 0;
-    if (units_.moments(unit).kind() == OptimizerKind::kAdamW8bit) {  // host-held (ValidateSlidingOptions)
+    const bool q8 = units_.moments(unit).kind() == OptimizerKind::kAdamW8bit;
+    if (q8 && !x.on_tier()) {
       HostUnitAdamW8bit(layout, units_.moments(unit),
                         {.begin = 0,
                          .n = layout.numel,
@@ -286,6 +287,20 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
       float* host_master = tier->holds_master() ? nullptr : x.master.data_ptr<float>();
       const int64_t waited_before = tier->io_wait_ns();
       Status st = tier->Update(x.tier_index, [&](const StateTier::Chunk& c) {
+        if (q8) {  // the unit's moment buffers whole, one chunk (TierOptionsFor); the master in host memory
+          TORCH_CHECK(c.begin == 0 && 4 * c.n >= units_.moments(unit).bytes(), "unit ", unit,
+                      "'s 8-bit moments came from the NVMe tier in pieces");
+          HostUnitAdamW8bit(layout, units_.moments(unit),
+                            {.begin = 0,
+                             .n = layout.numel,
+                             .master = host_master,
+                             .exp_avg = reinterpret_cast<uint8_t*>(c.array[kExpAvg]),
+                             .exp_avg_sq = reinterpret_cast<uint8_t*>(c.array[kExpAvgSq]),
+                             .grad = grad,
+                             .weights_out = x.staging},
+                            args, simd_);
+          return;
+        }
         HostUnitAdamW(layout,
                       {.begin = c.begin,
                        .n = c.n,

@@ -64,6 +64,10 @@ TEST(MemoryPlan, EightBitMomentsAreAboutTwoBytesAParameter) {
   EXPECT_NEAR(q8.moments_bytes / n, 2.0 * (1 + 4.0 / 256), 0.01);
   EXPECT_NEAR(q8.host_total / n, 8.03, 0.05);
   EXPECT_EQ(fp32.host_total - q8.host_total, fp32.moments_bytes - q8.moments_bytes);  // nothing else changes
+  r.moments_on_nvme = true;  // every unit's moments on the tier: the same bytes, on disk
+  const MemoryPlan tiered = testing::ValueOrDie(PlanMemory(r));
+  EXPECT_EQ(tiered.moments_bytes, 0);
+  EXPECT_EQ(tiered.nvme_bytes, q8.moments_bytes);
 }
 
 TEST(MemoryPlan, WholeModelResidentWhenItFits) {

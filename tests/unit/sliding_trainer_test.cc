@@ -695,23 +695,49 @@ TEST(SlidingTrainer, AdamW8bitIsBitIdenticalAcrossSchedulesAndRestores) {
   }
 }
 
+// 8-bit moments on the NVMe tier (every unit's, or the last layer's) train bit-identically to 8-bit moments in host
+// memory, both I/O backends, with and without accumulation; the tier's state restores into a host-state trainer.
+TEST(SlidingTrainer, AdamW8bitMomentsOnTheNvmeTierAreBitIdenticalToHostState) {
+  ModelFixture fx = ModelFixture::Load("qwen2");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  for (const auto& [layers, accum, backend] :
+       {std::tuple<int64_t, int64_t, std::string>{-1, 1, "auto"}, {1, 2, "pread"}}) {
+    SCOPED_TRACE("tier layers " + std::to_string(layers) + " accum " + std::to_string(accum) + " " + backend);
+    TrainerOptions o = Options(c10::kFloat, 1.0, cpu);
+    o.optimizer = OptimizerKind::kAdamW8bit;
+    ScratchDir dir;
+    SlidingOptions host{.train = o, .window = 2}, tiered = host;
+    tiered.nvme = SmallTier(TierMode::kMoments, dir, backend);
+    tiered.nvme.layers = layers;
+    SlidingTrainer a(cfg, params, host), b(cfg, params, tiered);
+    ASSERT_NE(b.tier(), nullptr);
+    for (int64_t s = 0; s < 4; ++s) StepAlike(a, b, s, accum, cfg.vocab_size);
+    EXPECT_GT(b.tier()->store().bytes_read(), 0);
+    ExpectSameStateAndRestore(a, b, cfg, params, host, accum);
+  }
+}
+
 TEST(SlidingTrainer, AdamW8bitRefusesDeviceAndTierPlacementsItCannotRunYet) {
   ModelFixture fx = ModelFixture::Load("llama3");
   const ModelLayout layout = BuildModelLayout(fx.config);
   TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
   o.optimizer = OptimizerKind::kAdamW8bit;
   ScratchDir dir;
-  SlidingOptions resident{.train = o, .window = 1}, streamed = resident, tiered = resident;
+  SlidingOptions resident{.train = o, .window = 1}, streamed = resident, master_tiered = resident;
   resident.resident_layers = 1;
   streamed.device_update_share = 0.5;
-  tiered.nvme = SmallTier(TierMode::kMoments, dir);
-  for (const SlidingOptions* so : {&resident, &streamed, &tiered}) {
+  master_tiered.nvme = SmallTier(TierMode::kMomentsAndMaster, dir);
+  for (const SlidingOptions* so : {&resident, &streamed, &master_tiered}) {
     const Status st = ValidateSlidingOptions(*so, layout);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    ExpectContains(st.message(), "optimizer adamw_8bit keeps every unit's state in host memory");
+    ExpectContains(st.message(), "optimizer adamw_8bit keeps every unit's state in host memory or its moments on");
   }
-  SlidingOptions host{.train = o, .window = 1};
+  SlidingOptions host{.train = o, .window = 1}, moments_tiered = host;
+  moments_tiered.nvme = SmallTier(TierMode::kMoments, dir);
   EXPECT_TRUE(ValidateSlidingOptions(host, layout).ok());
+  EXPECT_TRUE(ValidateSlidingOptions(moments_tiered, layout).ok());
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {

@@ -114,9 +114,9 @@ TEST(TrainingJob, BadSpecsNameTheField) {
   expect(
       [](TrainingJobSpec& s) {
         s.optimizer = OptimizerKind::kAdamW8bit;
-        s.nvme_state = TierMode::kMoments;
+        s.nvme_state = TierMode::kMomentsAndMaster;
       },
-      "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments) cannot be combined yet");
+      "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments_and_master) cannot be combined yet");
 }
 
 // Sizes that would make the daemon allocate until the OOM killer ends it (batch_size 2^55), or overflow the step
@@ -450,6 +450,9 @@ TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
 // 8-bit moments: the checkpoint holds their bytes (codes, block absmax, the small parameters' fp32 moments).
 TEST(TrainingJob, ResumesExactlyWithEightBitMoments) {
   ExpectExactResume({TierMode::kNone, TierMode::kNone, TierMode::kNone}, -1, OptimizerKind::kAdamW8bit);
+  // and onto and off the NVMe tier, which holds them whole
+  ExpectExactResume({TierMode::kNone, TierMode::kMoments, TierMode::kNone}, -1, OptimizerKind::kAdamW8bit);
+  ExpectExactResume({TierMode::kMoments, TierMode::kNone, TierMode::kMoments}, 1, OptimizerKind::kAdamW8bit);
 }
 
 // nvme_layers 0: the planner tiers the fewest last layers with which the rest fits the host; the demo model fits any
