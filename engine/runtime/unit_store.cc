@@ -46,8 +46,10 @@ StateTierOptions TierOptionsFor(const ModelLayout& layout, const SlidingOptions&
   // Whole units a buffer: three hold the next unit's read, this one's update and the last one's write-back.
   tier.buffers = std::min(tier.buffers, 3);
   const size_t block = std::max<size_t>(1, tier.io.block_bytes);
-  for (const UnitLayout& unit : layout.units) {
-    const size_t bytes = 4 * static_cast<size_t>(TierWords(unit, options.train.optimizer));
+  auto index = TierUnitIndex(layout.num_layers(), tier);  // a bad count fails where the tier opens; size for all
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    if (index.ok() && (*index)[u] < 0) continue;  // stays in host memory: its size does not matter
+    const size_t bytes = 4 * static_cast<size_t>(TierWords(layout.units[u], options.train.optimizer));
     tier.chunk_bytes = std::max(tier.chunk_bytes, (bytes + block - 1) / block * block);
   }
   return tier;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/optim/moment_layout.h"
+#include "engine/runtime/unit_store.h"
 #include "tests/support/fixtures.h"
 
 namespace slide {
@@ -66,6 +68,46 @@ TEST(TrainerResolver, DerivesTheRequestFromTheOptions) {
   EXPECT_EQ(t.request.resident_layers, 0);
   EXPECT_EQ(t.options.nvme.layers, t.plan.nvme_layers);
   EXPECT_GE(t.options.nvme.layers, 1);
+}
+
+// adamw_8bit: no resident layers and no streamed share whatever was asked (the CPU updates every unit); on the NVMe
+// tier a unit's moments travel whole, so the ring is 3 buffers of the largest tiered unit's moment bytes: a layer's
+// when only layers are tiered, the head's (its norm beside the embedding-sized matrix) when every unit is.
+TEST(TrainerResolver, EightBitStaysOnTheCpuAndCountsAWholeUnitTierRing) {
+  const ModelConfig cfg = testing::ValueOrDie(ParseHfConfig(
+      R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8})",
+      "8b"));
+  const ModelLayout layout = BuildModelLayout(cfg);
+  SlidingOptions o = Options(c10::kBFloat16, 1.0);
+  o.train.optimizer = OptimizerKind::kAdamW8bit;
+  o.device_update_share = 0.5;
+  PlanRequest b = Budget();
+  b.micro_batch = 8;
+  b.seq_len = 1024;
+  b.device_budget_bytes = 24ll << 30;
+  b.resident_layers = -1;
+  const ResolvedTrainer host = testing::ValueOrDie(ResolveTrainer(cfg, o, b));
+  EXPECT_EQ(host.options.resident_layers, 0);
+  EXPECT_EQ(host.options.device_update_share, 0);
+  EXPECT_EQ(host.request.optimizer, OptimizerKind::kAdamW8bit);
+
+  auto padded = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  o.nvme.mode = TierMode::kMoments;
+  o.nvme.io.dirs = {"/unused"};
+  for (const int64_t layers : {int64_t{1}, int64_t{-1}}) {
+    o.nvme.layers = layers;
+    const StateTierOptions tier = TierOptionsFor(layout, o);
+    auto bytes = [](const UnitLayout& unit) { return MomentLayout(OptimizerKind::kAdamW8bit, unit).bytes(); };
+    const int64_t largest =
+        layers == 1 ? bytes(layout.layer(0)) : std::max(bytes(layout.embed()), bytes(layout.head()));
+    EXPECT_EQ(tier.chunk_bytes, padded(largest)) << layers;
+    EXPECT_EQ(tier.buffers, 3);
+    const ResolvedTrainer t = testing::ValueOrDie(ResolveTrainer(cfg, o, b));
+    EXPECT_EQ(t.request.nvme_ring_bytes, 3 * 2 * int64_t(tier.chunk_bytes)) << layers;
+  }
+  o.train.optimizer = OptimizerKind::kAdamW;  // fp32 moments: the tier's options as given
+  EXPECT_EQ(TierOptionsFor(layout, o).chunk_bytes, o.nvme.chunk_bytes);
 }
 
 TEST(TrainerResolver, ParkedInputsStreamNothingAndRefusalsCarryTheNumbers) {
