@@ -24,6 +24,18 @@ double Seconds(const std::chrono::steady_clock::time_point& t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The fastest of `repeats` runs of fn(r), r = 0, 1, ...
+template <typename Fn>
+double BestSeconds(int repeats, const Fn& fn) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn(r);
+    best = std::min(best, Seconds(t0));
+  }
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,24 +80,14 @@ int main(int argc, char** argv) {
                    reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
                    n};
     CpuAdamW(span, {hp, 1, 1.0f}, level);  // warm-up (page faults)
-    double best = 1e30;
-    for (int r = 0; r < repeats; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      CpuAdamW(span, {hp, r + 2, 1.0f}, level);
-      best = std::min(best, Seconds(t0));
-    }
+    double best = BestSeconds(repeats, [&](int r) { CpuAdamW(span, {hp, r + 2, 1.0f}, level); });
     char buf[128];
     std::snprintf(buf, sizeof(buf), "\"slide_%s_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
     results += buf;
     if (level != DetectSimdLevel()) continue;
     AdamWSpan weights_only = span;
     weights_only.weights_only = true;
-    best = 1e30;
-    for (int r = 0; r < repeats; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      CpuAdamW(weights_only, {hp, repeats + 2, 1.0f}, level);
-      best = std::min(best, Seconds(t0));
-    }
+    best = BestSeconds(repeats, [&](int) { CpuAdamW(weights_only, {hp, repeats + 2, 1.0f}, level); });
     std::snprintf(buf, sizeof(buf), "\"slide_%s_weights_only_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
     results += buf;
   }
@@ -105,12 +107,7 @@ int main(int argc, char** argv) {
     for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
       if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
       CpuAdamW8bit(span, {hp, 1, 1.0f}, level);  // warm-up (page faults), non-zero state for the timed steps
-      double best = 1e30;
-      for (int r = 0; r < repeats; ++r) {
-        auto t0 = std::chrono::steady_clock::now();
-        CpuAdamW8bit(span, {hp, r + 2, 1.0f}, level);
-        best = std::min(best, Seconds(t0));
-      }
+      const double best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(span, {hp, r + 2, 1.0f}, level); });
       char buf[128];
       std::snprintf(buf, sizeof(buf), "\"slide_adamw8bit_%s_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
       results += buf;

@@ -42,9 +42,12 @@ ReferenceTrainer::ReferenceTrainer(ModelConfig cfg, ModelParams master_fp32, Tra
 
 namespace {
 
-// fp32 [n] at `byte_offset` of a moment buffer.
+// The fp32 values at `byte_offset` of a moment buffer (MomentLayout), and a tensor view of n of them.
+float* FloatsAt(const at::Tensor& buffer, int64_t byte_offset) {
+  return reinterpret_cast<float*>(static_cast<uint8_t*>(buffer.data_ptr()) + byte_offset);
+}
 at::Tensor FloatView(const at::Tensor& buffer, int64_t byte_offset, int64_t n) {
-  return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + byte_offset, {n}, buffer.options().dtype(at::kFloat));
+  return at::from_blob(FloatsAt(buffer, byte_offset), {n}, buffer.options().dtype(at::kFloat));
 }
 
 // One parameter's AdamW step with 8-bit moments: dequantised, the reference step in fp32, requantised blockwise.
@@ -59,16 +62,16 @@ void Reference8bitStep(at::Tensor& p, const at::Tensor& grad, const at::Tensor& 
   }
   const auto moment = [&](const at::Tensor& buffer, const std::array<float, 256>& map) {
     at::Tensor x = at::empty(p.sizes(), at::kFloat);  // contiguous, as the parameter's view is
-    DequantizeBlockwise(buffer.data_ptr<uint8_t>() + where.values, FloatView(buffer, where.absmax, 1).data_ptr<float>(),
-                        n, map, x.data_ptr<float>());
+    DequantizeBlockwise(buffer.data_ptr<uint8_t>() + where.values, FloatsAt(buffer, where.absmax), n, map,
+                        x.data_ptr<float>());
     return x;
   };
   at::Tensor m = moment(exp_avg, SignedDynamicMap()), v = moment(exp_avg_sq, UnsignedDynamicMap());
   AdamWReferenceStep(p, grad, m, v, hp, step);
   QuantizeBlockwise(m.data_ptr<float>(), n, SignedDynamicMap(), exp_avg.data_ptr<uint8_t>() + where.values,
-                    FloatView(exp_avg, where.absmax, 1).data_ptr<float>());
+                    FloatsAt(exp_avg, where.absmax));
   QuantizeBlockwise(v.data_ptr<float>(), n, UnsignedDynamicMap(), exp_avg_sq.data_ptr<uint8_t>() + where.values,
-                    FloatView(exp_avg_sq, where.absmax, 1).data_ptr<float>());
+                    FloatsAt(exp_avg_sq, where.absmax));
 }
 
 }  // namespace
