@@ -9,7 +9,8 @@
 #                                step trace's summary (bench/trace_summary.py) to bench.jsonl
 #   bench/run_gpu.sh daemon      slided's GPU tests: the demo, kill -9 and SIGTERM resume, the 50-watcher load
 #   bench/run_gpu.sh largest     the deepest llama-8b@LAYERS model trained on this box without and with the NVMe tier,
-#                                sized from the memory plan (--plan-only) against free memory and disk
+#                                sized from the memory plan (--plan-only) against free memory and disk; with
+#                                LARGEST_OPTIMIZER=adamw_8bit the 8-bit moments (the tier then holds moments only)
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -120,11 +121,13 @@ case "$phase" in
 import json, os, subprocess, sys
 avail, disk = (float(a) * 1e9 for a in sys.argv[1:3])
 overhead = float(os.environ.get("LARGEST_OVERHEAD_GB", "5")) * 1e9
+optimizer = os.environ.get("LARGEST_OPTIMIZER", "adamw")
+tier_state = "moments" if optimizer == "adamw_8bit" else "moments_and_master"
 
 def plan(layers, tiered=-1):
-    args = ["build-gpu/bench/sliding_bench", f"llama-8b@{layers}", "8", "--plan-only"]
+    args = ["build-gpu/bench/sliding_bench", f"llama-8b@{layers}", "8", "--plan-only", "--optimizer", optimizer]
     if tiered > 0:
-        args += ["--nvme-state", "moments_and_master", "--nvme-layers", str(tiered), "--nvme-dir", sys.argv[3]]
+        args += ["--nvme-state", tier_state, "--nvme-layers", str(tiered), "--nvme-dir", sys.argv[3]]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 def deepest(fits, n):  # the largest depth that fits, walking from n
@@ -141,9 +144,11 @@ print(plain, deepest(host_fits(k), plain + k // 2), k)
 PY
 )"
     echo "host ${avail_gb} GB available, disk ${disk_gb} GB free: llama-8b@${host_layers} without the tier, llama-8b@${tier_total} with its last ${tier_layers} layers on the tier"
-    run 300 build-gpu/bench/sliding_bench "llama-8b@$host_layers" 8 --steps 1
+    optimizer=${LARGEST_OPTIMIZER:-adamw}
+    tier_state=moments_and_master; [[ $optimizer == adamw_8bit ]] && tier_state=moments
+    run 300 build-gpu/bench/sliding_bench "llama-8b@$host_layers" 8 --steps 1 --optimizer "$optimizer"
     echo "without the tier done after $((SECONDS - start)) s"
-    run 300 build-gpu/bench/sliding_bench "llama-8b@$tier_total" 8 --steps 1 --nvme-state moments_and_master \
+    run 300 build-gpu/bench/sliding_bench "llama-8b@$tier_total" 8 --steps 1 --optimizer "$optimizer" --nvme-state "$tier_state" \
       --nvme-layers "$tier_layers" --nvme-dir "$dir" --nvme-threads 4 --nvme-buffers 8
     echo "with the tier done after $((SECONDS - start)) s" ;;
   ab-build)
