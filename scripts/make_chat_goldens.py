@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Regenerates tests/fixtures/chat_templates/: real model chat templates and how transformers renders them.
+
+The templates come from the pinned llama-cpp-python source distribution on PyPI (the same archive
+third_party/CMakeLists.txt builds the Jinja engine from; its SHA-256 is checked). Each is rendered for a set of
+conversations by transformers' own render_jinja_template (sandboxed jinja2, trim_blocks, lstrip_blocks,
+raise_exception, strftime_now), with the variables apply_chat_template passes: messages, tools, documents,
+add_generation_prompt, the model's special tokens and the line's extra keys. goldens.json records, per case, those
+variables and the rendered text (or the template's error); chat_template_test renders the same variables with our
+engine and compares byte for byte.
+
+Usage: scripts/make_chat_goldens.py [--archive llama_cpp_python-0.3.36.tar.gz]   (pip: transformers, jinja2)
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+import urllib.request
+
+VERSION = "0.3.36"
+SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+URL = ("https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+       f"llama_cpp_python-{VERSION}.tar.gz")
+# strftime_now's clock in every golden (the test sets the same instant).
+NOW = datetime.datetime(2026, 7, 26, 12, 0, 0)
+
+# Template file in the archive -> the special tokens its model's tokenizer_config.json names (absent = unset).
+LLAMA3 = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+MISTRAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+QWEN = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+DEEPSEEK = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+GRANITE = {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": "<|end_of_text|>"}
+GEMMA = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+TEMPLATES = {
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": LLAMA3,
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": LLAMA3,
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": LLAMA3,
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": MISTRAL,
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": MISTRAL,
+    "unsloth-mistral-Devstral-Small-2507.jinja": MISTRAL,
+    "Qwen-Qwen2.5-7B-Instruct.jinja": QWEN,
+    "Qwen-Qwen3-0.6B.jinja": QWEN,
+    "Qwen-QwQ-32B.jinja": QWEN,
+    "google-gemma-2-2b-it.jinja": GEMMA,
+    "microsoft-Phi-3.5-mini-instruct.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>", "unk_token": "<unk>"},
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": DEEPSEEK,
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": DEEPSEEK,
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": GRANITE,
+    "ibm-granite-granite-4.0.jinja": GRANITE,
+    "HuggingFaceTB-SmolLM3-3B.jinja": {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"},
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": {"bos_token": "<BOS_TOKEN>",
+                                                            "eos_token": "<|END_OF_TURN_TOKEN|>"},
+    "openai-gpt-oss-120b.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
+    "LFM2.5-Instruct.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>"},
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "description": "The city's name."},
+                                      "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city"]},
+    },
+}
+CONVERSATIONS = {
+    "single": {"messages": [{"role": "user", "content": "What is the capital of France?"},
+                            {"role": "assistant", "content": "The capital of France is Paris."}]},
+    "system": {"messages": [{"role": "system", "content": "You are a terse assistant."},
+                            {"role": "user", "content": "Name a prime number."},
+                            {"role": "assistant", "content": "7"}]},
+    "multi_turn": {"messages": [{"role": "user", "content": "Hi!"},
+                                {"role": "assistant", "content": "Hello! How can I help?"},
+                                {"role": "user", "content": "Add 2 and 3."},
+                                {"role": "assistant", "content": "2 + 3 = 5."}]},
+    "system_multi_turn": {"messages": [{"role": "system", "content": "Answer in one line."},
+                                       {"role": "user", "content": "Colour of the sky?"},
+                                       {"role": "assistant", "content": "Blue."},
+                                       {"role": "user", "content": "And at night?"},
+                                       {"role": "assistant", "content": "Dark, with stars."}]},
+    "tools": {"tools": [WEATHER_TOOL],
+              "messages": [{"role": "user", "content": "Weather in Paris?"},
+                           {"role": "assistant", "content": "",
+                            "tool_calls": [{"id": "call0001a", "type": "function",
+                                            "function": {"name": "get_weather",
+                                                         "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+                           {"role": "tool", "tool_call_id": "call0001a", "name": "get_weather",
+                            "content": "{\"temperature\": 21, \"sky\": \"clear\"}"},
+                           {"role": "assistant", "content": "It is 21 °C and clear in Paris."}]},
+    "reasoning": {"messages": [{"role": "user", "content": "Is 91 prime?"},
+                               {"role": "assistant", "reasoning_content": "91 = 7 * 13.",
+                                "content": "No: 91 = 7 × 13."}]},
+    "thinking_off": {"enable_thinking": False,
+                     "messages": [{"role": "user", "content": "Say yes."},
+                                  {"role": "assistant", "content": "Yes."}]},
+    "text_edges": {"messages": [{"role": "user", "content": "  Quote \"this\" {{ not jinja }} \\n and <b>tags</b>\n\n"},
+                                {"role": "assistant", "content": "Done — ünïcödé ✓, 日本語.\n"}]},
+}
+
+
+def fetch_archive(path):
+    if path is None:
+        path = os.path.join(tempfile.gettempdir(), f"llama_cpp_python-{VERSION}.tar.gz")
+        if not os.path.exists(path):
+            urllib.request.urlretrieve(URL, path)
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if digest != SHA256:
+        raise SystemExit(f"{path}: SHA-256 {digest}, not the pinned {SHA256}")
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archive")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
+                                                  "chat_templates"))
+    args = ap.parse_args()
+    import jinja2
+    import transformers
+    from transformers.utils import chat_template_utils as ctu
+
+    archive = fetch_archive(args.archive)
+    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/templates/"
+    os.makedirs(args.out, exist_ok=True)
+    sources = {}
+    with tarfile.open(archive) as tar:
+        for name in TEMPLATES:
+            sources[name] = tar.extractfile(prefix + name).read().decode("utf-8")
+            with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="") as f:
+                f.write(sources[name])
+
+    cases = []
+    for name, special in TEMPLATES.items():
+        compiled = ctu._compile_jinja_template(sources[name])
+        compiled.globals["strftime_now"] = lambda fmt: NOW.strftime(fmt)
+        for conv_name, line in CONVERSATIONS.items():
+            messages = line["messages"]
+            extra = {k: v for k, v in line.items() if k not in ("messages", "tools")}
+            renders = [(conv_name, messages, False)]
+            if messages[-1]["role"] == "assistant":
+                renders.append((conv_name + "+prompt", messages[:-1], True))
+            for case_name, msgs, gen in renders:
+                variables = {"messages": msgs, "tools": line.get("tools"), "documents": None,
+                             "add_generation_prompt": gen, **special, **extra}
+                case = {"template": name, "case": case_name, "variables": variables}
+                try:
+                    rendered, _ = ctu.render_jinja_template(
+                        conversations=[msgs], tools=line.get("tools"), chat_template=sources[name],
+                        add_generation_prompt=gen, **special, **extra)
+                    case["rendered"] = rendered[0]
+                except Exception as e:  # the template's raise_exception, or an error rendering it
+                    case["error"] = f"{type(e).__name__}: {e}"
+                cases.append(case)
+    out = {"source": f"llama-cpp-python {VERSION} sdist (sha256 {SHA256}), vendor/llama.cpp/models/templates",
+           "reference": f"transformers {transformers.__version__} render_jinja_template, jinja2 {jinja2.__version__}",
+           "now": NOW.isoformat(), "cases": cases}
+    with open(os.path.join(args.out, "goldens.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    errors = sum("error" in c for c in cases)
+    print(f"{len(TEMPLATES)} templates, {len(cases)} cases ({errors} raise)")
+
+
+if __name__ == "__main__":
+    main()
