@@ -137,10 +137,12 @@ def deepest(fits, n):  # the largest depth that fits, walking from n
         n += 1
     return n
 
-host_fits = lambda tiered: lambda n: n >= max(tiered, 1) and plan(n, tiered)["planned_host_bytes"] + overhead <= avail
-plain = deepest(host_fits(-1), 32)
-k = int((disk - 4e9) // plan(2, 1)["nvme_bytes"])
-print(plain, deepest(host_fits(k), plain + k // 2), k)
+host_fits = lambda tiered: lambda n: plan(n, tiered(n))["planned_host_bytes"] + overhead <= avail
+plain = deepest(host_fits(lambda n: -1), 32)
+k = int((disk - 4e9) // plan(2, 1)["nvme_bytes"])  # the layers whose state the disk holds
+tiered = lambda n: min(k, n)  # the last k layers on the tier, or all of them when the model is shallower
+deep = deepest(host_fits(tiered), plain)
+print(plain, deep, tiered(deep))
 PY
 )"
     echo "host ${avail_gb} GB available, disk ${disk_gb} GB free: llama-8b@${host_layers} without the tier, llama-8b@${tier_total} with its last ${tier_layers} layers on the tier"
