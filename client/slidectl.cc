@@ -20,6 +20,7 @@
 
 #include "client/job_file.h"
 #include "client/local_file.h"
+#include "client/render_command.h"
 #include "client/terminal_text.h"
 #include "engine/common/default_state_dir.h"
 #include "slide/v1/slide.grpc.pb.h"
@@ -259,6 +260,12 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   for (CLI::App* c : {get, cancel}) c->add_option("ID", id, "the job id")->required();
   auto* status = app.add_subcommand("status", "the daemon's state and queue");
+  slidectl::RenderOptions render_options;
+  auto* render = app.add_subcommand(
+      "render", "show how the job's first dataset lines are rendered and which tokens are trained (read locally)");
+  render->add_option("FILE.yaml", file, "the job file")->required();
+  render->add_option("--line", render_options.first_line, "start at this line of the dataset (1-based)");
+  render->add_option("--lines", render_options.lines, "how many lines to show (default 3)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -270,6 +277,13 @@ int main(int argc, char** argv) {
   }
   if (app.get_subcommands().empty()) return Fail(kUsage, "no command (see --help)");
   CLI::App* const cmd = app.get_subcommands().front();
+  if (cmd == render) {  // local: no daemon involved
+    v1::JobSpec spec;
+    if (const std::string err = slidectl::LoadJobFile(file, &spec); !err.empty()) return Fail(kUsage, err);
+    render_options.color = isatty(STDOUT_FILENO) != 0 && Env("NO_COLOR").empty();
+    const std::string err = slidectl::RenderJobLines(spec, render_options);
+    return err.empty() ? kOk : Fail(kUsage, err);
+  }
   const bool watches = cmd == watch || (cmd == submit && follow);
   // Before any gRPC thread exists, so that only the watcher's sigwait sees Ctrl-C.
   if (cancel_on_interrupt && watches) InterruptCancels::BlockSigint();

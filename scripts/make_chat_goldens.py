@@ -9,6 +9,12 @@ add_generation_prompt, the model's special tokens and the line's extra keys. gol
 variables and the rendered text (or the template's error); chat_template_test renders the same variables with our
 engine and compares byte for byte.
 
+masks.json records, for the same conversations as dataset lines, the tokens (a fixture tokenizer through
+transformers' tokenizer) and which are trained with train_on: assistant (as [first, end) token ranges). Where the template is prefix-preserving
+for the conversation, the labels are TRL's (each assistant turn a prompt/completion pair: the completion is what the
+conversation through the reply adds to the conversation before it with the generation prompt) and `trl` is true;
+elsewhere they follow the rule engine/data/chat_sample.h documents, computed here from transformers' renderings.
+
 Usage: scripts/make_chat_goldens.py [--archive llama_cpp_python-0.3.36.tar.gz]   (pip: transformers, jinja2)
 """
 import argparse
@@ -165,6 +171,121 @@ def main():
         f.write("\n")
     errors = sum("error" in c for c in cases)
     print(f"{len(TEMPLATES)} templates, {len(cases)} cases ({errors} raise)")
+    write_masks(args.out, sources, ctu, transformers)
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def extend_by_ending(text, start, limit, rendering):
+    """start + the longest run text[start:start+m] (m <= limit) that `rendering` ends with."""
+    best = 0
+    for m in range(1, min(limit, len(text) - start) + 1):
+        if rendering.endswith(text[start:start + m]):
+            best = m
+    return start + best
+
+
+def trained_spans(render, text, messages):
+    """The character ranges of `text` trained with train_on: assistant (engine/data/chat_sample.h's rule)."""
+    replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    prompts = [render(messages[:k], True) for k in replies]
+    spans, previous_end = [], 0
+    for r, k in enumerate(replies):
+        prompt, last = prompts[r], render(messages[:k + 1], False)
+        start = common_prefix(text, prompt)
+        if start < len(prompt):
+            start = extend_by_ending(text, start, len(prompt), prompt)
+        start = max(start, previous_end)
+        reply = last[common_prefix(last, prompt):]
+        end = start + common_prefix(text[start:], reply)
+        if end < start + len(reply):
+            next_prompt = common_prefix(text, prompts[r + 1]) if r + 1 < len(replies) else len(text)
+            if next_prompt > end:
+                end = extend_by_ending(text, end, min(len(reply), next_prompt - end), reply)
+        if end <= start:
+            return None
+        spans.append((start, end))
+        previous_end = end
+    return spans
+
+
+def write_masks(out_dir, sources, ctu, transformers):
+    from transformers import PreTrainedTokenizerFast
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "tokenizers")
+    tokenizers = {name: PreTrainedTokenizerFast(tokenizer_file=os.path.join(fixtures, name, "tokenizer.json"))
+                  for name in ("llama3", "qwen2")}
+    cases = []
+    for name, special in TEMPLATES.items():
+        tok_name = "llama3" if "Llama-3" in name else "qwen2"
+        tok = tokenizers[tok_name]
+        encode = lambda t: tok.encode(t, add_special_tokens=False)
+        for conv_name, line in CONVERSATIONS.items():
+            extra = {k: v for k, v in line.items() if k not in ("messages", "tools")}
+
+            def render(msgs, gen):
+                out, _ = ctu.render_jinja_template(conversations=[msgs], tools=line.get("tools"),
+                                                   chat_template=sources[name], add_generation_prompt=gen,
+                                                   **special, **extra)
+                return out[0]
+            messages = line["messages"]
+            try:
+                text = render(messages, False)
+            except Exception:
+                continue  # the template refuses the conversation (goldens.json records why)
+            ids = encode(text)
+            spans = trained_spans(render, text, messages)
+            case = {"template": name, "tokenizer": tok_name, "case": conv_name, "line": line,
+                    "special_tokens": special, "text": text, "ids": ids}
+            if spans is None:
+                case["error"] = "a reply could not be located"
+                cases.append(case)
+                continue
+
+            def tokens_before(pos):
+                if pos == 0:
+                    return 0
+                if pos >= len(text):
+                    return len(ids)
+                return common_prefix(encode(text[:pos]), ids)
+            labels = [-100] * len(ids)
+            for a, b in spans:
+                for t in range(tokens_before(a), tokens_before(b)):
+                    labels[t] = ids[t]
+            # TRL's prompt/completion masks, where the template is prefix-preserving for this conversation.
+            trl = [-100] * len(ids)
+            trl_defined = True
+            for k, m in enumerate(messages):
+                if m["role"] != "assistant":
+                    continue
+                prompt_ids, full_ids = encode(render(messages[:k], True)), encode(render(messages[:k + 1], False))
+                if full_ids[:len(prompt_ids)] != prompt_ids or ids[:len(full_ids)] != full_ids:
+                    trl_defined = False
+                    break
+                for t in range(len(prompt_ids), len(full_ids)):
+                    trl[t] = ids[t]
+            if trl_defined and trl != labels:
+                raise SystemExit(f"{name} {conv_name}: the rule's labels differ from TRL's")
+            ranges = []  # the trained tokens as [first, last + 1) ranges
+            for t, label in enumerate(labels):
+                if label == -100:
+                    continue
+                if ranges and ranges[-1][1] == t:
+                    ranges[-1][1] = t + 1
+                else:
+                    ranges.append([t, t + 1])
+            case.update(trained=ranges, trl=trl_defined)
+            cases.append(case)
+    with open(os.path.join(out_dir, "masks.json"), "w", encoding="utf-8") as f:
+        json.dump({"reference": f"transformers {transformers.__version__}; TRL's prompt/completion rule where "
+                                "the template is prefix-preserving", "cases": cases}, f, ensure_ascii=False)
+        f.write("\n")
+    print(f"masks: {len(cases)} conversations, {sum(c.get('trl', False) for c in cases)} equal to TRL's rule, "
+          f"{sum('error' in c for c in cases)} not located")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,12 @@ constexpr Choice<v1::DatasetFormat, DatasetFormat> kDatasetFormats[] = {
     {v1::DATASET_FORMAT_PROMPT_COMPLETION, DatasetFormat::kPromptCompletion},
     {v1::DATASET_FORMAT_MESSAGES, DatasetFormat::kMessages},
     {v1::DATASET_FORMAT_TOKENS, DatasetFormat::kTokens}};
-constexpr Choice<v1::ChatTemplate, ChatTemplate> kChatTemplates[] = {{v1::CHAT_TEMPLATE_LLAMA3, ChatTemplate::kLlama3},
-                                                                     {v1::CHAT_TEMPLATE_CHATML, ChatTemplate::kChatML}};
+constexpr Choice<v1::ChatTemplate, ChatTemplateChoice> kChatTemplates[] = {
+    {v1::CHAT_TEMPLATE_AUTO, ChatTemplateChoice::kAuto},
+    {v1::CHAT_TEMPLATE_LLAMA3, ChatTemplateChoice::kLlama3},
+    {v1::CHAT_TEMPLATE_CHATML, ChatTemplateChoice::kChatML}};
+constexpr Choice<v1::TrainOn, TrainOn> kTrainOn[] = {{v1::TRAIN_ON_ASSISTANT, TrainOn::kAssistant},
+                                                     {v1::TRAIN_ON_ALL, TrainOn::kAll}};
 constexpr Choice<v1::SequenceMode, SequenceMode> kSequenceModes[] = {
     {v1::SEQUENCE_MODE_PACK, SequenceMode::kPack}, {v1::SEQUENCE_MODE_TRUNCATE, SequenceMode::kTruncate}};
 constexpr Choice<v1::BadLines, BadLinePolicy> kBadLines[] = {{v1::BAD_LINES_FAIL, BadLinePolicy::kFail},
@@ -120,6 +124,7 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_seed(s.seed);
   p->set_dataset_format(ToApi(kDatasetFormats, s.dataset_format));
   p->set_chat_template(ToApi(kChatTemplates, s.chat_template));
+  p->set_train_on(ToApi(kTrainOn, s.train_on));
   p->set_sequence_mode(ToApi(kSequenceModes, s.sequence_mode));
   p->set_bad_lines(ToApi(kBadLines, s.bad_lines));
   p->set_eval_fraction(s.eval_fraction);
@@ -158,6 +163,7 @@ StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   if (p.has_log_every()) s.log_every = p.log_every();
   SLIDE_RETURN_IF_ERROR(FromApi(kDatasetFormats, p.dataset_format(), "dataset_format", &s.dataset_format));
   SLIDE_RETURN_IF_ERROR(FromApi(kChatTemplates, p.chat_template(), "chat_template", &s.chat_template));
+  SLIDE_RETURN_IF_ERROR(FromApi(kTrainOn, p.train_on(), "train_on", &s.train_on));
   SLIDE_RETURN_IF_ERROR(FromApi(kSequenceModes, p.sequence_mode(), "sequence_mode", &s.sequence_mode));
   SLIDE_RETURN_IF_ERROR(FromApi(kBadLines, p.bad_lines(), "bad_lines", &s.bad_lines));
   s.eval_fraction = p.eval_fraction();

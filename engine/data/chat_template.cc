@@ -1,7 +1,11 @@
 #include "engine/data/chat_template.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "engine/common/files.h"
+#include "engine/data/render_budget.h"
+#include "engine/data/tokenizer.h"
 #include "jinja/lexer.h"
 #include "jinja/parser.h"
 #include "jinja/runtime.h"
@@ -79,6 +83,60 @@ std::string LineOfFailingToken(const jinja::lexer_result& lexed) {
   return LineAndColumn(lexed.source, lexed.tokens[lo - 1].pos);
 }
 
+// The parser recurses once per nested bracket, block and unary operator without allocating on the way down, where
+// a RenderBudget could stop it: such nesting is bounded here, on the tokens, before parsing. Real templates nest a
+// few levels deep.
+constexpr int kMaxNesting = 64;
+std::string TooDeep(const jinja::lexer_result& lexed) {
+  int brackets = 0, blocks = 0, unary = 0;
+  bool after_open_statement = false;
+  for (const jinja::token& t : lexed.tokens) {
+    switch (t.t) {
+      case jinja::token::open_paren:
+      case jinja::token::open_square_bracket:
+      case jinja::token::open_curly_bracket:
+        ++brackets;
+        break;
+      case jinja::token::close_paren:
+      case jinja::token::close_square_bracket:
+      case jinja::token::close_curly_bracket:
+        brackets = std::max(0, brackets - 1);
+        break;
+      case jinja::token::unary_operator:
+        ++unary;
+        break;
+      case jinja::token::identifier:
+        if (t.value == "not") ++unary;
+        if (after_open_statement) {
+          if (t.value == "if" || t.value == "for" || t.value == "macro" || t.value == "call" || t.value == "filter")
+            ++blocks;
+          else if (t.value.rfind("end", 0) == 0)
+            blocks = std::max(0, blocks - 1);
+        }
+        break;
+      case jinja::token::open_expression:
+      case jinja::token::close_expression:
+      case jinja::token::close_statement:
+        unary = 0;
+        break;
+      default:
+        break;
+    }
+    after_open_statement = t.t == jinja::token::open_statement;
+    if (brackets > kMaxNesting || blocks > kMaxNesting || unary > kMaxNesting)
+      return LineAndColumn(lexed.source, t.pos) + ": nests deeper than " + std::to_string(kMaxNesting) +
+             " levels (brackets, blocks or unary operators)";
+  }
+  return "";
+}
+
+// Untrusted template code runs within these (RenderBudget): far above what a real template needs.
+RenderBudget::Limits TemplateLimits() { return RenderBudget::Limits{}; }
+
+Status TooLarge(const std::string& origin, const RenderBudget& budget) {
+  return InvalidArgument("chat template " + origin + ": compiling it went past its limit of " + budget.exceeded());
+}
+
 }  // namespace
 
 struct ChatTemplate::Impl {
@@ -100,15 +158,24 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::Compile(const std::s
   auto error = [&](const std::string& what, const std::string& where) {
     return InvalidArgument("chat template " + origin + (where.empty() ? "" : ", " + where) + ": " + Tidy(what));
   };
+  RenderBudget budget(TemplateLimits());
   jinja::lexer_result lexed;
   try {
     lexed = jinja::lexer().tokenize(source);
   } catch (const std::exception& e) {
+    budget.End();
+    if (!budget.exceeded().empty()) return TooLarge(origin, budget);
     return error(e.what(), LineOfCaret(source, e.what()));
+  }
+  if (const std::string deep = TooDeep(lexed); !deep.empty()) {
+    budget.End();
+    return InvalidArgument("chat template " + origin + ", " + deep);
   }
   try {
     impl->program = jinja::parse_from_tokens(lexed);
   } catch (const std::exception& e) {
+    budget.End();
+    if (!budget.exceeded().empty()) return TooLarge(origin, budget);
     std::string where = LineOfCaret(source, e.what());
     if (where.empty()) where = LineOfFailingToken(lexed);
     return error(e.what(), where);
@@ -118,6 +185,7 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::Compile(const std::s
 
 StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& variables, std::time_t now) const {
   if (!variables.is_object()) return InvalidArgument("chat template variables must be a JSON object");
+  RenderBudget budget(TemplateLimits());
   try {
     jinja::context ctx(impl_->source);
     if (now != 0) ctx.current_time = now;
@@ -129,8 +197,105 @@ StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& variabl
     for (const auto& part : parts->as_string().parts) out += part.val;
     return out;
   } catch (const std::exception& e) {
+    budget.End();
+    if (!budget.exceeded().empty())
+      return InvalidArgument("chat template " + impl_->origin + ": rendering went past its limit of " +
+                             budget.exceeded() + " (a template that recurses, loops or grows a value without end)");
     return InvalidArgument("chat template " + impl_->origin + ": " + Tidy(e.what()));
   }
+}
+
+namespace {
+
+// The built-in fallbacks render what the engine's earlier hand-written formats produced (no trimming of content).
+constexpr const char* kLlama3Template =
+    "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+constexpr const char* kChatMLTemplate =
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+}  // namespace
+
+StatusOr<ChatTemplateChoice> ParseChatTemplateChoice(const std::string& name) {
+  if (name == "auto") return ChatTemplateChoice::kAuto;
+  if (name == "llama3") return ChatTemplateChoice::kLlama3;
+  if (name == "chatml" || name == "qwen") return ChatTemplateChoice::kChatML;
+  return InvalidArgument("unknown chat template '" + name + "' (auto, llama3, chatml)");
+}
+
+const char* ChatTemplateChoiceName(ChatTemplateChoice choice) {
+  switch (choice) {
+    case ChatTemplateChoice::kAuto:
+      return "auto";
+    case ChatTemplateChoice::kLlama3:
+      return "llama3";
+    case ChatTemplateChoice::kChatML:
+      return "chatml";
+  }
+  return "?";
+}
+
+StatusOr<std::shared_ptr<const ChatTemplate>> LoadModelChatTemplate(const std::string& model_dir) {
+  const std::string jinja_path = model_dir + "/chat_template.jinja";
+  if (PathExists(jinja_path)) {
+    SLIDE_ASSIGN_OR_RETURN(std::string source, ReadFileToString(jinja_path));
+    return ChatTemplate::Compile(source, jinja_path);
+  }
+  const std::string config_path = model_dir + "/tokenizer_config.json";
+  if (!PathExists(config_path))
+    return NotFound(model_dir + " has neither chat_template.jinja nor tokenizer_config.json");
+  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(config_path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!config.is_object()) return InvalidArgument(config_path + ": expected a JSON object");
+  if (!config.contains("chat_template") || config["chat_template"].is_null())
+    return NotFound(model_dir + " has no chat template (no chat_template.jinja, no chat_template in " + config_path +
+                    ")");
+  const nlohmann::json& t = config["chat_template"];
+  if (t.is_string()) return ChatTemplate::Compile(t.get<std::string>(), config_path + " (chat_template)");
+  if (t.is_array()) {  // named templates, as some tool-use models ship them: transformers takes "default"
+    for (const auto& entry : t) {
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+          entry["template"].is_string())
+        return ChatTemplate::Compile(entry["template"].get<std::string>(), config_path + " (chat_template: default)");
+    }
+    return InvalidArgument(config_path + ": chat_template is a list without an entry named \"default\"");
+  }
+  return InvalidArgument(config_path + ": chat_template must be a string or a list of {name, template}");
+}
+
+StatusOr<std::shared_ptr<const ChatTemplate>> ResolveChatTemplate(ChatTemplateChoice choice,
+                                                                  const std::string& model_dir) {
+  switch (choice) {
+    case ChatTemplateChoice::kLlama3:
+      return ChatTemplate::Compile(kLlama3Template, "the built-in llama3 template");
+    case ChatTemplateChoice::kChatML:
+      return ChatTemplate::Compile(kChatMLTemplate, "the built-in chatml template");
+    case ChatTemplateChoice::kAuto:
+      break;
+  }
+  auto own = LoadModelChatTemplate(model_dir);
+  if (own.ok() || own.status().code() != StatusCode::kNotFound) return own;
+  return InvalidArgument("job field 'chat_template' is auto, but " + own.status().message() +
+                         "; name a built-in one (llama3 or chatml) for this model");
+}
+
+Status CheckChatTemplateTokens(ChatTemplateChoice choice, const Tokenizer& tokenizer) {
+  std::vector<const char*> needed;
+  if (choice == ChatTemplateChoice::kLlama3)
+    needed = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+  if (choice == ChatTemplateChoice::kChatML) needed = {"<|im_start|>", "<|im_end|>"};
+  for (const char* token : needed)
+    if (tokenizer.TokenId(token) < 0)
+      return InvalidArgument(std::string("chat template ") + ChatTemplateChoiceName(choice) + " needs token " + token +
+                             ", which the tokenizer lacks");
+  return Status::Ok();
 }
 
 }  // namespace slide

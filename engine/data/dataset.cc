@@ -15,7 +15,7 @@
 namespace slide {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // key order kept: templates render tool schemas as written
 
 constexpr int32_t kIgnore = -100;
 constexpr size_t kMaxReportedErrors = 5;
@@ -36,13 +36,21 @@ class SampleBuilder {
   SampleBuilder(const Tokenizer& tok, const DatasetOptions& o) : tok_(tok), o_(o) {}
 
   Status Init() {
-    SLIDE_ASSIGN_OR_RETURN(bos_, Token(o_.bos_token, "bos_token"));
-    SLIDE_ASSIGN_OR_RETURN(eos_, Token(o_.eos_token, "eos_token"));
+    const SpecialTokens& t = o_.special_tokens;
+    if (t.add_bos_token != false) {
+      SLIDE_ASSIGN_OR_RETURN(bos_, Token(t.bos_token, "bos_token"));
+    }
+    SLIDE_ASSIGN_OR_RETURN(eos_, Token(t.eos_token, "eos_token"));
+    chat_.chat_template = o_.chat_template;
+    chat_.special_tokens = t;
+    chat_.train_on = o_.train_on;
+    chat_.now = o_.now;
     return Status::Ok();
   }
 
-  // Builds one sample from a parsed line; errors name the problem (the caller adds file and line).
-  StatusOr<Sample> Build(const json& j) const {
+  // Builds one sample from a parsed line; errors name the problem (the caller adds file and line). `format`, when
+  // given, receives the line's format.
+  StatusOr<Sample> Build(const json& j, DatasetFormat* format = nullptr) const {
     if (!j.is_object()) return InvalidArgument("a line must be a JSON object");
     DatasetFormat f = o_.format;
     if (f == DatasetFormat::kAuto) {
@@ -57,6 +65,7 @@ class SampleBuilder {
       else
         return InvalidArgument("no known field (text, prompt/completion, messages, input_ids)");
     }
+    if (format != nullptr) *format = f;
     Sample s;
     switch (f) {
       case DatasetFormat::kText: {
@@ -110,41 +119,10 @@ class SampleBuilder {
   }
 
   Status BuildChat(const json& j, Sample& s) const {
-    const json& msgs = j["messages"];
-    if (!msgs.is_array() || msgs.empty()) return InvalidArgument("field 'messages' must be a non-empty array");
-    const bool llama3 = o_.chat_template == ChatTemplate::kLlama3;
-    for (const char* needed : llama3 ? std::vector<const char*>{"<|begin_of_text|>", "<|start_header_id|>",
-                                                                "<|end_header_id|>", "<|eot_id|>"}
-                                     : std::vector<const char*>{"<|im_start|>", "<|im_end|>"}) {
-      if (tok_.TokenId(needed) < 0)
-        return InvalidArgument(std::string("chat template ") + (llama3 ? "llama3" : "chatml") + " needs token " +
-                               needed + ", which the tokenizer lacks");
-    }
-    if (llama3) SLIDE_RETURN_IF_ERROR(AddText(s, "<|begin_of_text|>", false));
-    bool any_assistant = false;
-    for (size_t k = 0; k < msgs.size(); ++k) {
-      const json& m = msgs[k];
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-          !m["content"].is_string())
-        return InvalidArgument("messages[" + std::to_string(k) + "] needs string fields 'role' and 'content'");
-      const std::string role = m["role"], content = m["content"];
-      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-        return InvalidArgument("messages[" + std::to_string(k) + "] has unknown role '" + role + "'");
-      const bool train = role == "assistant";
-      any_assistant |= train;
-      // The template's own text is never trained; an assistant's content and its end-of-turn token are.
-      if (llama3) {
-        SLIDE_RETURN_IF_ERROR(AddText(s, "<|start_header_id|>" + role + "<|end_header_id|>\n\n", false));
-        SLIDE_RETURN_IF_ERROR(AddText(s, content, train));
-        SLIDE_RETURN_IF_ERROR(AddText(s, "<|eot_id|>", train));
-      } else {
-        SLIDE_RETURN_IF_ERROR(AddText(s, "<|im_start|>" + role + "\n", false));
-        SLIDE_RETURN_IF_ERROR(AddText(s, content, train));
-        SLIDE_RETURN_IF_ERROR(AddText(s, "<|im_end|>", train));
-        SLIDE_RETURN_IF_ERROR(AddText(s, "\n", false));
-      }
-    }
-    if (!any_assistant) return InvalidArgument("'messages' has no assistant turn to train on");
+    if (!chat_.chat_template) return InvalidArgument(o_.no_chat_template);
+    SLIDE_ASSIGN_OR_RETURN(ChatSample chat, BuildChatSample(j, tok_, chat_));
+    s.ids = std::move(chat.ids);
+    s.labels = std::move(chat.labels);
     return Status::Ok();
   }
 
@@ -177,6 +155,7 @@ class SampleBuilder {
 
   const Tokenizer& tok_;
   const DatasetOptions& o_;
+  ChatSampleOptions chat_;
   int32_t bos_ = -1, eos_ = -1;
 };
 
@@ -191,12 +170,6 @@ StatusOr<DatasetFormat> ParseDatasetFormat(const std::string& n) {
   return InvalidArgument("unknown dataset format '" + n + "' (auto, text, prompt_completion, messages, tokens)");
 }
 
-StatusOr<ChatTemplate> ParseChatTemplate(const std::string& n) {
-  if (n == "llama3") return ChatTemplate::kLlama3;
-  if (n == "chatml" || n == "qwen") return ChatTemplate::kChatML;
-  return InvalidArgument("unknown chat template '" + n + "' (llama3, chatml)");
-}
-
 StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tokenizer, const DatasetOptions& o) {
   if (o.seq_len < 2) return InvalidArgument("seq_len must be at least 2");
   if (o.eval_fraction < 0 || o.eval_fraction >= 1) return InvalidArgument("eval_fraction must be in [0, 1)");
@@ -208,9 +181,10 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
   std::istream in(&file);
   SampleBuilder builder(tokenizer, o);
   SLIDE_RETURN_IF_ERROR(builder.Init());
-  int32_t pad =
-      o.pad_token.empty() ? (o.eos_token.empty() ? 0 : tokenizer.TokenId(o.eos_token)) : tokenizer.TokenId(o.pad_token);
-  if (pad < 0) return InvalidArgument("pad_token '" + o.pad_token + "' is not in the tokenizer's vocabulary");
+  const SpecialTokens& t = o.special_tokens;
+  const std::string& pad_name = t.pad_token.empty() ? t.eos_token : t.pad_token;
+  const int32_t pad = pad_name.empty() ? 0 : tokenizer.TokenId(pad_name);
+  if (pad < 0) return InvalidArgument("pad_token '" + pad_name + "' is not in the tokenizer's vocabulary");
 
   Dataset ds;
   DatasetStats& st = ds.stats;
@@ -302,6 +276,41 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
   for (int64_t k = 0; k < n_eval; ++k) is_eval[idx[k]] = true;
   for (size_t k = 0; k < seqs.size(); ++k) (is_eval[k] ? ds.eval : ds.train).push_back(std::move(seqs[k]));
   return ds;
+}
+
+StatusOr<DatasetOptions> ModelDatasetOptions(const std::string& model_dir, const Tokenizer& tokenizer,
+                                             DatasetFormat format, ChatTemplateChoice choice, TrainOn train_on) {
+  DatasetOptions d;
+  d.format = format;
+  d.train_on = train_on;
+  SLIDE_ASSIGN_OR_RETURN(d.special_tokens, LoadSpecialTokens(model_dir, &tokenizer));
+  auto chat_template = ResolveChatTemplate(choice, model_dir);
+  if (chat_template.ok()) {
+    SLIDE_RETURN_IF_ERROR(CheckChatTemplateTokens(choice, tokenizer));
+    d.chat_template = *chat_template;
+  } else if (format == DatasetFormat::kMessages) {
+    return chat_template.status();
+  } else {
+    d.no_chat_template = chat_template.status().message();
+  }
+  return d;
+}
+
+StatusOr<LineSample> BuildLineSample(const std::string& line, const Tokenizer& tokenizer, const DatasetOptions& o) {
+  if (!IsValidUtf8(line)) return InvalidArgument("not valid UTF-8");
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
+  }
+  SampleBuilder builder(tokenizer, o);
+  SLIDE_RETURN_IF_ERROR(builder.Init());
+  LineSample out;
+  SLIDE_ASSIGN_OR_RETURN(Sample s, builder.Build(j, &out.format));
+  out.ids = std::move(s.ids);
+  out.labels = std::move(s.labels);
+  return out;
 }
 
 BatchOrder::BatchOrder(int64_t num_sequences, uint64_t seed) : n_(num_sequences), seed_(seed) { Permute(); }

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/data/chat_sample.h"
+#include "engine/data/special_tokens.h"
 #include "engine/data/tokenizer.h"
 
 namespace slide {
@@ -17,27 +19,30 @@ enum class DatasetFormat {
   kAuto,              // decided per line from its keys
   kText,              // {"text": ...}: loss on every token
   kPromptCompletion,  // {"prompt": ..., "completion": ...}: loss on the completion only
-  kMessages,          // {"messages": [{"role", "content"}, ...]}: loss on assistant turns only
+  kMessages,          // {"messages": [{"role", "content"}, ...]}: through the chat template (chat_sample.h)
   kTokens,            // {"input_ids": [...], "labels"?: [...]}: pre-tokenized
 };
-enum class ChatTemplate { kLlama3, kChatML };
 enum class SequenceMode { kPack, kTruncate };  // pack samples into full windows, or one sample per row + padding
 enum class BadLinePolicy { kFail, kSkip };
 enum class LongSamplePolicy { kTruncate, kSkip, kFail };  // truncate mode only
 
 StatusOr<DatasetFormat> ParseDatasetFormat(const std::string& name);  // auto|text|prompt_completion|messages|tokens
-StatusOr<ChatTemplate> ParseChatTemplate(const std::string& name);    // llama3|chatml
 
 struct DatasetOptions {
   int64_t seq_len = 1024;
   SequenceMode mode = SequenceMode::kPack;
   DatasetFormat format = DatasetFormat::kAuto;
-  ChatTemplate chat_template = ChatTemplate::kLlama3;
   BadLinePolicy bad_lines = BadLinePolicy::kFail;
   LongSamplePolicy long_samples = LongSamplePolicy::kTruncate;
-  std::string bos_token;     // "" = none; added before text and prompt/completion samples
-  std::string eos_token;     // "" = none; appended (and trained) after text and completions
-  std::string pad_token;     // "" = the EOS token, else id 0
+  // The BOS (unless add_bos_token is false) goes before text and prompt/completion samples, the EOS after them
+  // (trained); padding is the pad token, else the EOS, else id 0. Chat samples get what their template renders.
+  SpecialTokens special_tokens;
+  // `messages` lines: the template (null: such a line fails with no_chat_template's message), what is trained,
+  // and strftime_now's clock (0 = the current time).
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string no_chat_template = "no chat template was given";
+  TrainOn train_on = TrainOn::kAssistant;
+  std::time_t now = 0;
   double eval_fraction = 0;  // held-out share of the sequences
   uint64_t seed = 0;
   // Asked before each line when set: its error stops the load (a job cancelled or suspended while it prepares).
@@ -67,6 +72,21 @@ struct Dataset {
 };
 
 StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tokenizer, const DatasetOptions& options);
+
+// The options that depend on the model directory: its special tokens (as transformers reads them) and, for
+// `messages` lines, the chat template `choice` names, checked against the tokenizer. A messages dataset without a
+// template is an error; with format auto only the lines that hold messages fail, with the reason.
+StatusOr<DatasetOptions> ModelDatasetOptions(const std::string& model_dir, const Tokenizer& tokenizer,
+                                             DatasetFormat format, ChatTemplateChoice choice, TrainOn train_on);
+
+// One line as a sample, before packing, truncation or padding (what `slidectl render` shows).
+struct LineSample {
+  DatasetFormat format = DatasetFormat::kAuto;  // the line's, when the options say auto
+  std::vector<int32_t> ids;
+  std::vector<int32_t> labels;  // -100 where not trained
+};
+StatusOr<LineSample> BuildLineSample(const std::string& line, const Tokenizer& tokenizer,
+                                     const DatasetOptions& options);
 
 // The order in which a training run visits sequences: a fresh seeded permutation each epoch. The position is
 // two integers, saved in checkpoints so a resumed run continues exactly where the data stood.

@@ -425,41 +425,15 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
-StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir) {
-  const std::string path = model_dir + "/tokenizer_config.json";
-  if (!PathExists(path)) return TokenizerConfig{};
-  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
-    return InvalidArgument(path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) return InvalidArgument(path + ": expected a JSON object");
-  auto name = [&](const char* key, std::string& out) -> Status {
-    if (!j.contains(key) || j[key].is_null()) return Status::Ok();
-    const json& v = j[key];
-    if (v.is_string()) {
-      out = v.get<std::string>();
-    } else if (v.is_object() && v.contains("content") && v["content"].is_string()) {
-      out = v["content"].get<std::string>();
-    } else {
-      return InvalidArgument(path + ": field '" + key + "' must be a string or {\"content\": ...}");
-    }
-    return Status::Ok();
-  };
-  TokenizerConfig c;
-  SLIDE_RETURN_IF_ERROR(name("bos_token", c.bos_token));
-  SLIDE_RETURN_IF_ERROR(name("eos_token", c.eos_token));
-  SLIDE_RETURN_IF_ERROR(name("pad_token", c.pad_token));
-  return c;
-}
-
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_to_token.size()); }
 
 int32_t Tokenizer::TokenId(const std::string& token) const {
   auto it = impl_->vocab.find(token);
   return it == impl_->vocab.end() ? -1 : it->second;
+}
+
+std::string Tokenizer::TokenText(int32_t id) const {
+  return id >= 0 && id < static_cast<int32_t>(impl_->id_to_token.size()) ? impl_->id_to_token[id] : "";
 }
 
 bool Tokenizer::IsSpecial(int32_t id) const {

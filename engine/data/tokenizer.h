@@ -28,6 +28,7 @@ class Tokenizer {
 
   int32_t vocab_size() const;                       // largest id + 1
   int32_t TokenId(const std::string& token) const;  // -1 if absent
+  std::string TokenText(int32_t id) const;          // the vocabulary's string for id ("" if none)
   bool IsSpecial(int32_t id) const;
 
   struct Impl;
@@ -36,13 +37,5 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// The special-token names in a model directory's tokenizer_config.json ("" when unset or the file is absent).
-struct TokenizerConfig {
-  std::string bos_token;
-  std::string eos_token;
-  std::string pad_token;
-};
-StatusOr<TokenizerConfig> LoadTokenizerConfig(const std::string& model_dir);
 
 }  // namespace slide

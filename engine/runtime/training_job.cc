@@ -136,6 +136,16 @@ Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg
       std::to_string(cfg.max_position_embeddings) + "); set allow_seq_len_beyond_model to train beyond it");
 }
 
+// A messages dataset's template, at submission: it must exist and compile, and render a plain exchange without a
+// construct the engine lacks.
+Status CheckChatTemplate(const TrainingJobSpec& spec) {
+  if (spec.dataset_format != DatasetFormat::kMessages) return Status::Ok();
+  auto chat_template = ResolveChatTemplate(spec.chat_template, spec.model_dir);
+  if (!chat_template.ok()) return chat_template.status();
+  SLIDE_ASSIGN_OR_RETURN(SpecialTokens tokens, LoadSpecialTokens(spec.model_dir, nullptr));
+  return CheckChatTemplateSupport(**chat_template, tokens);
+}
+
 // A job stops preparing as soon as it is cancelled (CANCELLED) or suspended for shutdown (kSuspendedWhilePreparing,
 // which RunTrainingJob turns into a suspended result): asked between dataset lines and weight tensors.
 constexpr const char* kSuspendedWhilePreparing = "suspended while preparing";
@@ -167,19 +177,14 @@ c10::ScalarType ComputeDtype(const TrainingJobSpec& spec, bool cuda) {
 StatusOr<Dataset> LoadJobDataset(const TrainingJobSpec& spec, const ModelConfig& cfg,
                                  std::function<Status()> interrupted = {}) {
   SLIDE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(spec.model_dir + "/tokenizer.json"));
-  SLIDE_ASSIGN_OR_RETURN(TokenizerConfig tcfg, LoadTokenizerConfig(spec.model_dir));
   if (tokenizer->vocab_size() > cfg.vocab_size)
     return InvalidArgument("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
                            " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
-  DatasetOptions d;
+  SLIDE_ASSIGN_OR_RETURN(DatasetOptions d, ModelDatasetOptions(spec.model_dir, *tokenizer, spec.dataset_format,
+                                                               spec.chat_template, spec.train_on));
   d.seq_len = spec.seq_len;
   d.mode = spec.sequence_mode;
-  d.format = spec.dataset_format;
-  d.chat_template = spec.chat_template;
   d.bad_lines = spec.bad_lines;
-  d.bos_token = tcfg.bos_token;
-  d.eos_token = tcfg.eos_token;
-  d.pad_token = tcfg.pad_token;
   d.eval_fraction = spec.eval_fraction;
   d.seed = spec.seed;
   d.interrupted = std::move(interrupted);
@@ -223,6 +228,7 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvi
   ScopedFileConfinement confine(ConfinementRoots(env));
   SLIDE_ASSIGN_OR_RETURN(ModelConfig cfg, LoadHfConfig(spec.model_dir));
   SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec, cfg));
+  SLIDE_RETURN_IF_ERROR(CheckChatTemplate(spec));
   // The config's dimensions against the weights' own headers (no data read): a config.json that claims more than
   // its files hold is refused here, not after the planner has sized buffers for it.
   SLIDE_RETURN_IF_ERROR(CheckHfCheckpoint(spec.model_dir, cfg));

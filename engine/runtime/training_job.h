@@ -45,7 +45,8 @@ struct TrainingJobSpec {
   uint64_t seed = 0;
   // Data.
   DatasetFormat dataset_format = DatasetFormat::kAuto;
-  ChatTemplate chat_template = ChatTemplate::kLlama3;
+  ChatTemplateChoice chat_template = ChatTemplateChoice::kAuto;  // messages lines: the model's own template
+  TrainOn train_on = TrainOn::kAssistant;
   SequenceMode sequence_mode = SequenceMode::kPack;
   BadLinePolicy bad_lines = BadLinePolicy::kFail;
   double eval_fraction = 0.0;

@@ -20,7 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.seq_len = 16;
   o.mode = (data[0] & 1) != 0 ? slide::SequenceMode::kTruncate : slide::SequenceMode::kPack;
   o.bad_lines = slide::BadLinePolicy::kSkip;
-  o.eos_token = "<|end_of_text|>";
+  o.special_tokens.eos_token = "<|end_of_text|>";
+  // messages lines through the Jinja engine (the built-in llama3 template).
+  static const std::shared_ptr<const slide::ChatTemplate> llama3 =
+      std::move(slide::ResolveChatTemplate(slide::ChatTemplateChoice::kLlama3, "")).value();
+  o.chat_template = llama3;
   auto ds = slide::LoadJsonlDataset(slide::fuzz::WriteInput(data + 1, size - 1, ".jsonl"), *tok, o);
   if (!ds.ok()) return 0;
   for (const auto& s : ds->train)

@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-10000000}; shift || true
-targets=${*:-safetensors_fuzz hf_config_fuzz tokenizer_json_fuzz tokenizer_encode_fuzz dataset_fuzz job_file_fuzz daemon_config_fuzz}
+targets=${*:-safetensors_fuzz hf_config_fuzz tokenizer_json_fuzz tokenizer_encode_fuzz dataset_fuzz job_file_fuzz daemon_config_fuzz chat_template_fuzz}
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
   mkdir -p build-fuzz
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DSLIDE_FUZZ=ON -DSLIDE_BUILD_TESTS=OFF \

@@ -1,5 +1,5 @@
 // The real slidectl binary against a real slided: submit + follow to success, list/get/cancel, JSON output
-// parsed back, exit codes for failures, bad files and an unreachable daemon.
+// parsed back, exit codes for failures, bad files and an unreachable daemon; `render` on its own (local).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -381,6 +381,51 @@ TEST(Slidectl, BadJobFilePathsAreOneLineAndExitTwo) {
   r = Slidectl(addr + " --tls-ca " + d.Path("") + " status");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("is a directory, not a CA certificate"), std::string::npos) << r.out;
+}
+
+// `slidectl render` reads the job's model directory and dataset locally: the model's own template (Qwen2.5's, from
+// tokenizer_config.json), each line's tokens with the trained ones between the markers, a bad line's error.
+TEST(Slidectl, RenderShowsTheTemplateAndTheTrainedTokens) {
+  char tmpl[] = "/tmp/slidectl-render-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir = tmpl;
+  std::filesystem::create_directories(dir / "model");
+  const std::string fixtures = std::string(SLIDE_SOURCE_DIR) + "/tests/fixtures";
+  std::filesystem::copy_file(fixtures + "/tokenizers/qwen2/tokenizer.json", dir / "model/tokenizer.json");
+  std::ifstream t(fixtures + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+  const std::string source((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+  std::ofstream(dir / "model/tokenizer_config.json")
+      << nlohmann::json{{"eos_token", "<|im_end|>"}, {"chat_template", source}}.dump();
+  std::ofstream(dir / "data.jsonl")
+      << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})"
+      << "\n\n"
+      << R"({"messages": [{"role": "user", "content": "no reply"}]})"
+      << "\n";
+  std::ofstream(dir / "job.yaml") << "model_dir: model\ndataset: data.jsonl\noutput_dir: out\n";
+  const std::string job = (dir / "job.yaml").string();
+
+  CliResult r = Slidectl("render " + job);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("data.jsonl:1: messages, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                       "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+                       "\u27e6Hello!<|im_end|>\n\u27e7"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("data.jsonl:3: 'messages' has no assistant turn to train on"), std::string::npos) << r.out;
+
+  std::ofstream(dir / "job.yaml", std::ios::app) << "train_on: all\n";
+  r = Slidectl("render " + job + " --lines 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\u27e6<|im_start|>system\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("data.jsonl:3"), std::string::npos) << r.out;
+
+  std::filesystem::remove(dir / "model/tokenizer_config.json");  // no template, format messages: refused
+  std::ofstream(dir / "job.yaml", std::ios::app) << "dataset_format: messages\n";
+  r = Slidectl("render " + job);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("job field 'chat_template' is auto, but"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

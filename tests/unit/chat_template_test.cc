@@ -1,7 +1,13 @@
 // The chat-template engine against transformers: every case in tests/fixtures/chat_templates/goldens.json (real
 // templates of 20 models, each rendered for a set of conversations by transformers' render_jinja_template; see
-// scripts/make_chat_goldens.py) rendered with the same variables and compared byte for byte, errors included.
+// scripts/make_chat_goldens.py) rendered with the same variables and compared byte for byte, errors included; and
+// every conversation of masks.json built into a sample (tokens and the assistant-only mask) as the reference did:
+// TRL's prompt/completion masks where the template is prefix-preserving, the documented rule elsewhere.
 #include "engine/data/chat_template.h"
+
+#include "engine/data/chat_sample.h"
+#include "engine/data/render_budget.h"
+#include "engine/data/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -93,6 +99,119 @@ INSTANTIATE_TEST_SUITE_P(Models, TransformersGolden, testing::ValuesIn(TemplateN
                            return n;
                          });
 
+std::shared_ptr<const ChatTemplate> CompileFixture(const std::string& file) {
+  auto t = ChatTemplate::Compile(ReadFile(kDir + file), file);
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? *t : nullptr;
+}
+
+const ordered_json& Masks() {
+  static const ordered_json masks = ordered_json::parse(ReadFile(kDir + "masks.json"));
+  return masks;
+}
+
+const Tokenizer& FixtureTokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  auto& t = loaded[name];
+  if (!t) {
+    auto got = Tokenizer::FromFile(std::string(SLIDE_FIXTURES_DIR) + "/tokenizers/" + name + "/tokenizer.json");
+    EXPECT_TRUE(got.ok()) << got.status().message();
+    t = std::move(*got);
+  }
+  return *t;
+}
+
+SpecialTokens TokensOf(const ordered_json& j) {
+  SpecialTokens t;
+  t.bos_token = j.value("bos_token", "");
+  t.eos_token = j.value("eos_token", "");
+  t.pad_token = j.value("pad_token", "");
+  t.unk_token = j.value("unk_token", "");
+  return t;
+}
+
+TEST_P(TransformersGolden, VariablesBuiltFromTheLineRenderAsTransformersDoes) {
+  const std::string name = GetParam();
+  auto compiled = ChatTemplate::Compile(ReadFile(kDir + name), name);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  for (const auto& c : Goldens()["cases"]) {
+    if (c["template"] != name || c.contains("error")) continue;
+    SCOPED_TRACE(c["case"].get<std::string>());
+    // The dataset line the golden's variables came from: the messages, tools, and the extra keys.
+    const ordered_json& v = c["variables"];
+    ordered_json line = ordered_json::object();
+    for (const auto& [key, value] : v.items())
+      if (key != "add_generation_prompt" && key != "documents" && key.find("_token") == std::string::npos &&
+          !(key == "tools" && value.is_null()))
+        line[key] = value;
+    const ordered_json built = ChatTemplateVariables(line, line["messages"], TokensOf(v), v["add_generation_prompt"]);
+    auto got = (*compiled)->Render(built, GoldenNow());
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ(*got, c["rendered"].get<std::string>());
+  }
+}
+
+TEST_P(TransformersGolden, AssistantMasksEqualTheReference) {
+  const std::string name = GetParam();
+  ChatSampleOptions o;
+  o.chat_template = CompileFixture(name);
+  GoldenNow();
+  int compared = 0;
+  for (const auto& c : Masks()["cases"]) {
+    if (c["template"] != name) continue;
+    SCOPED_TRACE(c["case"].get<std::string>() + (c.value("trl", false) ? " (TRL's masks)" : " (the rule's)"));
+    o.special_tokens = TokensOf(c["special_tokens"]);
+    o.now = GoldenNow();
+    auto sample = BuildChatSample(c["line"], FixtureTokenizer(c["tokenizer"]), o);
+    ASSERT_TRUE(sample.ok()) << sample.status().message();
+    EXPECT_EQ(sample->text, c["text"].get<std::string>());
+    ASSERT_EQ(sample->ids, c["ids"].get<std::vector<int32_t>>());
+    std::vector<int32_t> want(sample->ids.size(), -100);
+    for (const auto& range : c["trained"])
+      for (int64_t t = range[0]; t < range[1].get<int64_t>(); ++t) want[t] = sample->ids[t];
+    EXPECT_EQ(sample->labels, want);
+    ++compared;
+  }
+  EXPECT_GE(compared, 1);
+}
+
+TEST(ChatSample, TrainOnAllTrainsEveryToken) {
+  ChatSampleOptions o;
+  o.chat_template = CompileFixture("Qwen-Qwen2.5-7B-Instruct.jinja");
+  o.train_on = TrainOn::kAll;
+  const ordered_json line = ordered_json::parse(R"({"messages": [{"role": "user", "content": "Hi"},
+                                                                  {"role": "assistant", "content": "Hello"}]})");
+  auto s = BuildChatSample(line, FixtureTokenizer("qwen2"), o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->labels, s->ids);
+}
+
+TEST(ChatSample, BadLinesGetPreciseErrors) {
+  ChatSampleOptions o;
+  o.chat_template = CompileFixture("Qwen-Qwen2.5-7B-Instruct.jinja");
+  const Tokenizer& tok = FixtureTokenizer("qwen2");
+  auto error = [&](const char* line) {
+    auto s = BuildChatSample(ordered_json::parse(line), tok, o);
+    return s.ok() ? std::string("(built)") : s.status().message();
+  };
+  EXPECT_EQ(error(R"({"text": "x"})"), "missing field 'messages'");
+  EXPECT_EQ(error(R"({"messages": []})"), "field 'messages' must be a non-empty array");
+  EXPECT_EQ(error(R"({"messages": [{"content": "x"}]})"), "messages[0] needs a string field 'role'");
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": 3}]})"),
+            "messages[0]: 'content' must be a string, a list or null");
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x"}]})"),
+            "'messages' has no assistant turn to train on");
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                      "chat_template_kwargs": 1})"),
+            "field 'chat_template_kwargs' must be an object");
+  // The template's own refusal reaches the line's error.
+  o.chat_template = CompileFixture("google-gemma-2-2b-it.jinja");
+  EXPECT_NE(error(R"({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"},
+                                   {"role": "assistant", "content": "z"}]})")
+                .find("System role not supported"),
+            std::string::npos);
+}
+
 TEST(ChatTemplate, SyntaxErrorNamesTheOriginAndLine) {
   auto t = ChatTemplate::Compile("{% for m in messages %}\n{{ m.content }\n{% endfor %}", "model/chat_template.jinja");
   ASSERT_FALSE(t.ok());
@@ -129,6 +248,56 @@ TEST(ChatTemplate, VariablesMustBeAnObject) {
   auto t = ChatTemplate::Compile("x", "t.jinja");
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE((*t)->Render(ordered_json::array()).ok());
+}
+
+// Templates are programs from the model directory: ones that recurse, nest or grow without end fail with an error
+// naming the limit (the process would otherwise die of a stack overflow or run out of memory).
+TEST(ChatTemplate, RunawayTemplatesFailWithAnError) {
+  auto render = [](const std::string& source) -> std::string {
+    auto t = ChatTemplate::Compile(source, "evil.jinja");
+    if (!t.ok()) return t.status().message();
+    auto r = (*t)->Render(ordered_json{{"messages", ordered_json::array()}});
+    return r.ok() ? "(rendered " + std::to_string(r->size()) + " bytes)" : r.status().message();
+  };
+  const std::string parens = "{{ " + std::string(50000, '(') + "1" + std::string(50000, ')') + " }}";
+  EXPECT_NE(render(parens).find("nests deeper than 64 levels"), std::string::npos) << render(parens);
+  std::string ifs;
+  for (int i = 0; i < 20000; ++i) ifs += "{% if true %}";
+  EXPECT_NE(render(ifs + "x").find("line 1, column "), std::string::npos);
+  EXPECT_NE(render(ifs + "x").find("nests deeper than 64 levels"), std::string::npos);
+  EXPECT_NE(render("{{ " + std::string(100000, '-') + "1 }}").find("nests deeper"), std::string::npos);
+  EXPECT_NE(render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("went past its limit of stack depth"),
+            std::string::npos)
+      << render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}");
+  EXPECT_NE(render("{{ 'a' * 4000000000 }}").find("went past its limit of memory"), std::string::npos)
+      << render("{{ 'a' * 4000000000 }}");
+  EXPECT_NE(render("{% for i in range(2000000000) %}{% endfor %}").find("went past its limit of memory"),
+            std::string::npos);
+  const std::string doubling =
+      "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s | length }}";
+  EXPECT_NE(render(doubling).find("went past its limit of memory"), std::string::npos) << render(doubling);
+  // And the same engine renders a legitimate template afterwards.
+  EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% endfor %}"), "(rendered 3 bytes)");
+}
+
+TEST(RenderBudget, BoundsTimeAndRefundsWhatItFrees) {
+  RenderBudget::Limits limits;
+  limits.seconds = 0.05;
+  limits.bytes = size_t{64} << 20;
+  {
+    RenderBudget budget(limits);
+    bool refused = false;
+    try {
+      for (;;) delete new std::string(100, 'x');  // live memory stays small: only the clock stops it
+    } catch (const std::bad_alloc&) {
+      refused = true;
+    }
+    EXPECT_TRUE(refused);
+    EXPECT_EQ(budget.exceeded(), "time (0 s)");
+  }
+  auto* outside = new std::vector<char>(size_t{128} << 20);  // no budget outside the scope
+  delete outside;
 }
 
 }  // namespace

@@ -40,8 +40,8 @@ TEST(Dataset, TextIsPackedIntoFullWindows) {
   TempDir dir;
   DatasetOptions o;
   o.seq_len = 16;
-  o.bos_token = "<|begin_of_text|>";
-  o.eos_token = "<|end_of_text|>";
+  o.special_tokens.bos_token = "<|begin_of_text|>";
+  o.special_tokens.eos_token = "<|end_of_text|>";
   std::string content;
   for (int i = 0; i < 10; ++i)
     content += R"({"text": "The quick brown fox jumps over the lazy dog number )" + std::to_string(i) + "\"}\n";
@@ -97,14 +97,18 @@ TEST(Dataset, InterruptedStopsTheLoadAtTheNextLine) {
   EXPECT_EQ(asked, 6);
 }
 
+std::shared_ptr<const ChatTemplate> Builtin(ChatTemplateChoice choice) {
+  return ValueOrDie(ResolveChatTemplate(choice, ""));
+}
+
 TEST(Dataset, PromptCompletionTrainsOnTheCompletionOnly) {
   auto tok = Load("llama3");
   TempDir dir;
   DatasetOptions o;
   o.seq_len = 64;
   o.mode = SequenceMode::kTruncate;
-  o.bos_token = "<|begin_of_text|>";
-  o.eos_token = "<|end_of_text|>";
+  o.special_tokens.bos_token = "<|begin_of_text|>";
+  o.special_tokens.eos_token = "<|end_of_text|>";
   Dataset ds = ValueOrDie(
       LoadJsonlDataset(Write(dir, R"({"prompt": "Question: two plus two?", "completion": " Four."})"), *tok, o));
   ASSERT_EQ(ds.train.size(), 1u);
@@ -122,6 +126,7 @@ TEST(Dataset, Llama3ChatTrainsOnAssistantTurns) {
   DatasetOptions o;
   o.seq_len = 128;
   o.mode = SequenceMode::kTruncate;
+  o.chat_template = Builtin(ChatTemplateChoice::kLlama3);
   Dataset ds = ValueOrDie(LoadJsonlDataset(
       Write(dir,
             "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
@@ -144,16 +149,27 @@ TEST(Dataset, ChatMLTrainsOnAssistantTurns) {
   DatasetOptions o;
   o.seq_len = 64;
   o.mode = SequenceMode::kTruncate;
-  o.chat_template = ChatTemplate::kChatML;
+  o.chat_template = Builtin(ChatTemplateChoice::kChatML);
   Dataset ds = ValueOrDie(LoadJsonlDataset(
       Write(dir, R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})"),
       *tok, o));
-  EXPECT_EQ(tok->Decode(Labeled(ds.train[0])), "Hello!<|im_end|>");
-  // The llama3 template needs tokens this tokenizer lacks.
-  o.chat_template = ChatTemplate::kLlama3;
+  // As TRL trains a reply: all the template adds after the generation prompt, the newline after <|im_end|> too.
+  EXPECT_EQ(tok->Decode(Labeled(ds.train[0])), "Hello!<|im_end|>\n");
+  // train_on: all trains every token of the rendering.
+  o.train_on = TrainOn::kAll;
+  Dataset all = ValueOrDie(LoadJsonlDataset(dir.File("data.jsonl"), *tok, o));
+  EXPECT_EQ(tok->Decode(Labeled(all.train[0])),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
+  // The built-in llama3 template writes tokens this tokenizer lacks.
+  EXPECT_EQ(CheckChatTemplateTokens(ChatTemplateChoice::kLlama3, *tok).message(),
+            "chat template llama3 needs token <|begin_of_text|>, which the tokenizer lacks");
+  EXPECT_TRUE(CheckChatTemplateTokens(ChatTemplateChoice::kChatML, *tok).ok());
+  // Without a template a messages line fails with the reason the caller gave.
+  o.chat_template = nullptr;
+  o.no_chat_template = "the model has no chat template";
   auto r = LoadJsonlDataset(dir.File("data.jsonl"), *tok, o);
   ASSERT_FALSE(r.ok());
-  ExpectContains(r.status().message(), "needs token <|begin_of_text|>, which the tokenizer lacks");
+  ExpectContains(r.status().message(), "data.jsonl:1: the model has no chat template");
 }
 
 TEST(Dataset, PreTokenizedKeepsLabels) {
@@ -184,8 +200,11 @@ TEST(Dataset, BadInputIsReportedWithFileAndLine) {
   ExpectError("[1, 2]\n", "data.jsonl:1: a line must be a JSON object");
   ExpectError("{\"text\": 1e999}\n", "data.jsonl:1: not valid JSON");  // out_of_range, not a parse_error
   ExpectError("{\"input_ids\": [1, 99999]}\n", "data.jsonl:1: field 'input_ids' holds 99999, outside the vocabulary");
-  ExpectError("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", "has no assistant turn");
-  ExpectError("{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}\n", "unknown role 'robot'");
+  DatasetOptions chat;
+  chat.chat_template = Builtin(ChatTemplateChoice::kLlama3);
+  ExpectError("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", "has no assistant turn", chat);
+  ExpectError("{\"messages\": [{\"role\": 7, \"content\": \"hi\"}]}\n", "messages[0] needs a string field 'role'",
+              chat);
   ExpectError("", "no usable samples (0 lines, 0 skipped)");
   DatasetOptions strict;
   strict.seq_len = 4;
@@ -193,7 +212,7 @@ TEST(Dataset, BadInputIsReportedWithFileAndLine) {
   strict.long_samples = LongSamplePolicy::kFail;
   ExpectError("{\"text\": \"a rather long line of text that will not fit\"}\n", "data.jsonl:1: sample has", strict);
   DatasetOptions bos;
-  bos.bos_token = "<nope>";
+  bos.special_tokens.bos_token = "<nope>";
   ExpectError("{\"text\": \"x\"}\n", "bos_token '<nope>' is not in the tokenizer's vocabulary", bos);
 }
 

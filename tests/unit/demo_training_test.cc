@@ -40,8 +40,8 @@ TEST(DemoTraining, LossFallsAndTheExportReloads) {
   DatasetOptions d;
   d.seq_len = 32;
   d.mode = SequenceMode::kTruncate;
-  d.bos_token = "<|begin_of_text|>";
-  d.eos_token = "<|end_of_text|>";
+  d.special_tokens.bos_token = "<|begin_of_text|>";
+  d.special_tokens.eos_token = "<|end_of_text|>";
   d.eval_fraction = 0.05;
   Dataset ds = testing::ValueOrDie(LoadJsonlDataset(DemoPath("train.jsonl"), *tok, d));
   EXPECT_EQ(ds.stats.samples, 600);

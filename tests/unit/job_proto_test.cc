@@ -30,7 +30,7 @@ TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
       EXPECT_EQ(r->GetEnum(out, f), f->enum_type()->value(v));
     }
   }
-  EXPECT_EQ(values, 30);
+  EXPECT_EQ(values, 33);
 }
 
 TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
@@ -48,6 +48,8 @@ TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
   EXPECT_EQ(served.device(), slide::v1::DEVICE_AUTO);
   EXPECT_EQ(served.sequence_mode(), slide::v1::SEQUENCE_MODE_PACK);
   EXPECT_EQ(served.nvme_state(), slide::v1::NVME_STATE_NONE);
+  EXPECT_EQ(served.chat_template(), slide::v1::CHAT_TEMPLATE_AUTO);  // the model's own template by default
+  EXPECT_EQ(served.train_on(), slide::v1::TRAIN_ON_ASSISTANT);
   EXPECT_EQ(served.optimizer(), slide::v1::OPTIMIZER_ADAMW);
 }
 
@@ -81,7 +83,7 @@ TEST(JobProto, AnUnknownNumberNamesTheField) {
   in.clear_device();
   in.set_chat_template(static_cast<slide::v1::ChatTemplate>(-1));
   EXPECT_EQ(slide::SpecFromProto(in).status().message(),
-            "job field 'chat_template' has no value -1 (it takes llama3 or chatml)");
+            "job field 'chat_template' has no value -1 (it takes llama3, chatml or auto)");
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "engine/common/utf8.h"
+#include "engine/data/special_tokens.h"
 #include "tests/support/expect_contains.h"
 #include "tests/support/fixtures.h"
 
@@ -132,23 +134,52 @@ TEST(Tokenizer, BrokenFilesGetPreciseErrors) {
   ExpectContains(Tokenizer::FromJson(R"({"model": {"type": "BPE"}})", "t.json").status().message(), "malformed");
 }
 
-TEST(TokenizerConfig, ReadsSpecialTokenNames) {
+TEST(SpecialTokens, ReadTheWayTransformersDoes) {
   testing::TempDir dir;
-  auto none = testing::ValueOrDie(LoadTokenizerConfig(dir.path()));  // absent file: nothing set
+  auto none = testing::ValueOrDie(LoadSpecialTokens(dir.path(), nullptr));  // absent files: nothing set
   EXPECT_EQ(none.bos_token, "");
+  EXPECT_FALSE(none.add_bos_token.has_value());
   std::ofstream(dir.File("tokenizer_config.json"))
-      << R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "pad_token": null})";
-  auto c = testing::ValueOrDie(LoadTokenizerConfig(dir.path()));
+      << R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "pad_token": null,
+             "add_bos_token": false})";
+  auto c = testing::ValueOrDie(LoadSpecialTokens(dir.path(), nullptr));
   EXPECT_EQ(c.bos_token, "<s>");
   EXPECT_EQ(c.eos_token, "</s>");
   EXPECT_EQ(c.pad_token, "");
+  EXPECT_EQ(c.add_bos_token, std::optional<bool>(false));
+  // special_tokens_map.json overrides the config where it names a token.
+  std::ofstream(dir.File("special_tokens_map.json"))
+      << R"({"eos_token": {"content": "<|im_end|>"}, "pad_token": "<pad>"})";
+  auto m = testing::ValueOrDie(LoadSpecialTokens(dir.path(), nullptr));
+  EXPECT_EQ(m.bos_token, "<s>");
+  EXPECT_EQ(m.eos_token, "<|im_end|>");
+  EXPECT_EQ(m.pad_token, "<pad>");
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  m.AddTo(vars);
+  EXPECT_EQ(vars.dump(), R"({"bos_token":"<s>","eos_token":"<|im_end|>","pad_token":"<pad>"})");
   std::ofstream(dir.File("tokenizer_config.json")) << R"({"eos_token": 7})";
-  auto bad = LoadTokenizerConfig(dir.path());
+  auto bad = LoadSpecialTokens(dir.path(), nullptr);
   ASSERT_FALSE(bad.ok());
   ExpectContains(bad.status().message(), "field 'eos_token' must be a string");
-  auto demo = testing::ValueOrDie(LoadTokenizerConfig(std::string(SLIDE_FIXTURES_DIR) + "/../../deploy/demo/model"));
+  auto demo =
+      testing::ValueOrDie(LoadSpecialTokens(std::string(SLIDE_FIXTURES_DIR) + "/../../deploy/demo/model", nullptr));
   EXPECT_EQ(demo.bos_token, "<|begin_of_text|>");
   EXPECT_EQ(demo.eos_token, "<|end_of_text|>");
+}
+
+TEST(SpecialTokens, EosFromGenerationConfigOnlyWhenTheTokenizerFilesNameNone) {
+  testing::TempDir dir;
+  auto tok =
+      testing::ValueOrDie(Tokenizer::FromFile(std::string(SLIDE_FIXTURES_DIR) + "/tokenizers/llama3/tokenizer.json"));
+  const int32_t eot = tok->TokenId("<|eot_id|>");
+  ASSERT_GE(eot, 0);
+  std::ofstream(dir.File("generation_config.json")) << "{\"eos_token_id\": [" << eot << ", 1]}";
+  EXPECT_EQ(testing::ValueOrDie(LoadSpecialTokens(dir.path(), tok.get())).eos_token, "<|eot_id|>");
+  std::ofstream(dir.File("tokenizer_config.json")) << R"({"eos_token": "<|end_of_text|>"})";
+  EXPECT_EQ(testing::ValueOrDie(LoadSpecialTokens(dir.path(), tok.get())).eos_token, "<|end_of_text|>");
+  std::ofstream(dir.File("tokenizer_config.json")) << "{}";
+  std::ofstream(dir.File("generation_config.json")) << R"({"eos_token_id": 99999999})";
+  ExpectContains(LoadSpecialTokens(dir.path(), tok.get()).status().message(), "outside the tokenizer's vocabulary");
 }
 
 }  // namespace

@@ -301,6 +301,52 @@ TEST(TrainingJob, BadPathsAndDataFailTheJob) {
   EXPECT_TRUE(PlanTrainingJob(s, {}).ok());
 }
 
+// A messages dataset renders through the model's own template (chat_template: auto, the default): a model without
+// one, or a template the engine cannot render, is refused at submission with the reason; with one the job trains.
+TEST(TrainingJob, ChatJobsUseTheModelsOwnTemplate) {
+  testing::TempDir root;
+  TrainingJobSpec s = DemoSpec(root);
+  const std::string model = root.File("model");
+  std::filesystem::create_directories(model);
+  for (const auto& e : std::filesystem::directory_iterator(s.model_dir))
+    std::filesystem::copy_file(e.path(), model + "/" + e.path().filename().string());
+  s.model_dir = model;
+  s.dataset_path = root.File("chat.jsonl");
+  {
+    std::ofstream data(s.dataset_path);
+    for (int i = 0; i < 40; ++i)
+      data << R"({"messages": [{"role": "user", "content": "what is )" << i << R"( plus one?"}, )"
+           << R"({"role": "assistant", "content": ")" << i + 1 << R"(."}]})"
+           << "\n";
+  }
+  s.dataset_format = DatasetFormat::kMessages;
+  s.steps = 4;
+  ASSERT_EQ(s.chat_template, ChatTemplateChoice::kAuto);
+
+  auto plan = PlanTrainingJob(s);
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(plan.status().message(), "job field 'chat_template' is auto, but " + model +
+                                              " has no chat template (no chat_template.jinja, no chat_template in");
+  ExpectContains(plan.status().message(), "name a built-in one (llama3 or chatml)");
+
+  std::ofstream(model + "/chat_template.jinja") << "{% for m in messages %}\n{{ m.content | shout }}{% endfor %}";
+  plan = PlanTrainingJob(s);
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  ExpectContains(plan.status().message(),
+                 "does not support a construct of chat template " + model + "/chat_template.jinja: While executing");
+  ExpectContains(plan.status().message(), "line 2");
+  ExpectContains(plan.status().message(), "Unknown (built-in) filter 'shout'");
+
+  std::ofstream(model + "/chat_template.jinja") << "{{ bos_token }}{% for m in messages %}<|start_header_id|>"
+                                                   "{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}"
+                                                   "<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+                                                   "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+  EXPECT_TRUE(PlanTrainingJob(s).ok());
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(s, {}, {}, nullptr));
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+}
+
 // A cancel that arrives while the job loads (the daemon's PREPARING state) stops it before any step.
 TEST(TrainingJob, CancelWhilePreparingStopsBeforeAnyStep) {
   testing::TempDir out;
