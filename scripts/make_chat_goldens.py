@@ -224,21 +224,35 @@ def write_masks(out_dir, sources, ctu, transformers):
         tok_name = "llama3" if "Llama-3" in name else "qwen2"
         tok = tokenizers[tok_name]
         encode = lambda t: tok.encode(t, add_special_tokens=False)
-        for conv_name, line in CONVERSATIONS.items():
-            extra = {k: v for k, v in line.items() if k not in ("messages", "tools")}
+        lines = list(CONVERSATIONS.items())
+        # TRL's conversational prompt/completion: the last reply is the completion.
+        for conv_name in ("single", "system", "multi_turn", "tools"):
+            line = CONVERSATIONS[conv_name]
+            pc = {k: v for k, v in line.items() if k != "messages"}
+            pc.update(prompt=line["messages"][:-1], completion=line["messages"][-1:])
+            lines.append((conv_name + "/prompt_completion", pc))
+        for conv_name, line in lines:
+            extra = {k: v for k, v in line.items() if k not in ("messages", "tools", "prompt", "completion")}
 
             def render(msgs, gen):
                 out, _ = ctu.render_jinja_template(conversations=[msgs], tools=line.get("tools"),
                                                    chat_template=sources[name], add_generation_prompt=gen,
                                                    **special, **extra)
                 return out[0]
-            messages = line["messages"]
+            messages = line["messages"] if "messages" in line else line["prompt"] + line["completion"]
             try:
                 text = render(messages, False)
             except Exception:
                 continue  # the template refuses the conversation (goldens.json records why)
             ids = encode(text)
-            spans = trained_spans(render, text, messages)
+            if "prompt" in line:  # the completion trained whole, from where the prompt ends
+                prompt = render(line["prompt"], True)
+                start = common_prefix(text, prompt)
+                if start < len(prompt):
+                    start = extend_by_ending(text, start, len(prompt), prompt)
+                spans = [(start, len(text))]
+            else:
+                spans = trained_spans(render, text, messages)
             case = {"template": name, "tokenizer": tok_name, "case": conv_name, "line": line,
                     "special_tokens": special, "text": text, "ids": ids}
             if spans is None:
@@ -260,7 +274,7 @@ def write_masks(out_dir, sources, ctu, transformers):
             trl = [-100] * len(ids)
             trl_defined = True
             for k, m in enumerate(messages):
-                if m["role"] != "assistant":
+                if m["role"] != "assistant" or ("prompt" in line and k < len(line["prompt"])):
                     continue
                 prompt_ids, full_ids = encode(render(messages[:k], True)), encode(render(messages[:k + 1], False))
                 if full_ids[:len(prompt_ids)] != prompt_ids or ids[:len(full_ids)] != full_ids:

@@ -95,7 +95,9 @@ ordered_json ChatTemplateVariables(const ordered_json& line, const ordered_json&
   v["add_generation_prompt"] = add_generation_prompt;
   tokens.AddTo(v);
   for (const auto& [key, value] : line.items())
-    if (key != "messages" && key != "tools" && key != "documents" && key != "chat_template_kwargs") v[key] = value;
+    if (key != "messages" && key != "prompt" && key != "completion" && key != "tools" && key != "documents" &&
+        key != "chat_template_kwargs")
+      v[key] = value;
   if (line.contains("chat_template_kwargs") && line["chat_template_kwargs"].is_object())
     for (const auto& [key, value] : line["chat_template_kwargs"].items()) v[key] = value;
   return v;
@@ -118,8 +120,19 @@ Status CheckChatTemplateSupport(const ChatTemplate& chat_template, const Special
 }
 
 StatusOr<ChatSample> BuildChatSample(const ordered_json& line, const Tokenizer& tok, const ChatSampleOptions& o) {
-  if (!line.contains("messages")) return InvalidArgument("missing field 'messages'");
-  const ordered_json& messages = line["messages"];
+  // TRL's conversational prompt/completion: the conversation is the prompt's messages then the completion's.
+  const bool prompt_completion = !line.contains("messages") && line.contains("prompt") && line["prompt"].is_array();
+  ordered_json messages;
+  if (prompt_completion) {
+    if (!line.contains("completion") || !line["completion"].is_array() || line["completion"].empty())
+      return InvalidArgument("field 'completion' must be a non-empty list of messages, as 'prompt' is");
+    messages = line["prompt"];
+    for (const ordered_json& m : line["completion"]) messages.push_back(m);
+  } else if (line.contains("messages")) {
+    messages = line["messages"];
+  } else {
+    return InvalidArgument("missing field 'messages'");
+  }
   SLIDE_RETURN_IF_ERROR(CheckMessages(messages));
   if (line.contains("chat_template_kwargs") && !line["chat_template_kwargs"].is_object())
     return InvalidArgument("field 'chat_template_kwargs' must be an object");
@@ -136,10 +149,18 @@ StatusOr<ChatSample> BuildChatSample(const ordered_json& line, const Tokenizer& 
     return s;
   }
 
+  if (prompt_completion) {  // as TRL trains it: all that the completion adds to the prompt with the generation prompt
+    SLIDE_ASSIGN_OR_RETURN(std::string prompt, render(line["prompt"], true));
+    size_t start = CommonPrefix(s.text, 0, prompt, 0);
+    if (start < prompt.size()) start = ExtendByEnding(s.text, start, prompt.size(), prompt);
+    if (start >= s.text.size()) return InvalidArgument("the completion adds nothing to the rendered prompt");
+    s.trained.emplace_back(start, s.text.size());
+  }
+
   std::vector<size_t> replies;
-  for (size_t k = 0; k < messages.size(); ++k)
+  for (size_t k = 0; k < messages.size() && !prompt_completion; ++k)
     if (messages[k]["role"] == "assistant") replies.push_back(k);
-  if (replies.empty()) return InvalidArgument("'messages' has no assistant turn to train on");
+  if (replies.empty() && !prompt_completion) return InvalidArgument("'messages' has no assistant turn to train on");
 
   // Each reply's prompt: the conversation before it with the generation prompt.
   std::vector<std::string> prompts;

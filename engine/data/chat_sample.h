@@ -1,7 +1,8 @@
-// A `messages` dataset line turned into tokens and labels through a chat template, as TRL's SFTTrainer would train
-// it: the conversation rendered once (the variables transformers' apply_chat_template passes), encoded without the
-// tokenizer's own special tokens (the template places BOS where it wants one), and, with train_on: assistant, only
-// the tokens of each assistant reply trained, its end-of-turn included.
+// A `messages` dataset line (or TRL's conversational prompt/completion: {"prompt": [messages], "completion":
+// [messages]}, whose completion is trained whole) turned into tokens and labels through a chat template, as TRL's
+// SFTTrainer would train it: the conversation rendered once (the variables transformers' apply_chat_template passes),
+// encoded without the tokenizer's own special tokens (the template places BOS where it wants one), and, with train_on:
+// assistant, only the tokens of each assistant reply trained, its end-of-turn included.
 //
 // Where a reply lies is found by rendering the conversation's prefixes, as TRL does for a prompt and its completion:
 // the prompt is the conversation before the reply with the generation prompt, the reply what the conversation
@@ -50,8 +51,8 @@ struct ChatSample {
 };
 
 // The variables apply_chat_template passes the template for `messages` of `line`: messages, tools and documents
-// (null unless the line has them), add_generation_prompt, the special tokens, then the line's other keys and the
-// keys of its chat_template_kwargs object (e.g. enable_thinking).
+// (null unless the line has them), add_generation_prompt, the special tokens, then the line's other keys (not
+// prompt / completion) and the keys of its chat_template_kwargs object (e.g. enable_thinking).
 nlohmann::ordered_json ChatTemplateVariables(const nlohmann::ordered_json& line, const nlohmann::ordered_json& messages,
                                              const SpecialTokens& tokens, bool add_generation_prompt);
 

@@ -76,6 +76,10 @@ class SampleBuilder {
         break;
       }
       case DatasetFormat::kPromptCompletion: {
+        if (j.contains("prompt") && j["prompt"].is_array()) {  // conversational: through the chat template
+          SLIDE_RETURN_IF_ERROR(BuildChat(j, s));
+          break;
+        }
         SLIDE_ASSIGN_OR_RETURN(std::string prompt, Field(j, "prompt"));
         SLIDE_ASSIGN_OR_RETURN(std::string completion, Field(j, "completion"));
         AddSpecial(s, bos_, false);

@@ -18,7 +18,8 @@ namespace slide {
 enum class DatasetFormat {
   kAuto,              // decided per line from its keys
   kText,              // {"text": ...}: loss on every token
-  kPromptCompletion,  // {"prompt": ..., "completion": ...}: loss on the completion only
+  kPromptCompletion,  // {"prompt": ..., "completion": ...}: loss on the completion only (lists of messages: through
+                      // the chat template, as TRL's conversational prompt/completion)
   kMessages,          // {"messages": [{"role", "content"}, ...]}: through the chat template (chat_sample.h)
   kTokens,            // {"input_ids": [...], "labels"?: [...]}: pre-tokenized
 };

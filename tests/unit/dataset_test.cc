@@ -160,6 +160,19 @@ TEST(Dataset, ChatMLTrainsOnAssistantTurns) {
   Dataset all = ValueOrDie(LoadJsonlDataset(dir.File("data.jsonl"), *tok, o));
   EXPECT_EQ(tok->Decode(Labeled(all.train[0])),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
+  // TRL's conversational prompt/completion (detected by its keys): the completion is trained, the prompt is not.
+  o.train_on = TrainOn::kAssistant;
+  Dataset pc = ValueOrDie(LoadJsonlDataset(
+      Write(dir,
+            R"({"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"},)"
+            R"( {"role": "user", "content": "Again"}], "completion": [{"role": "assistant", "content": "Hello!"}]})"),
+      *tok, o));
+  EXPECT_EQ(tok->Decode(Labeled(pc.train[0])), "Hello!<|im_end|>\n");
+  auto no_completion = LoadJsonlDataset(Write(dir, R"({"prompt": [{"role": "user", "content": "Hi"}]})"), *tok, o);
+  ASSERT_FALSE(no_completion.ok());
+  ExpectContains(no_completion.status().message(),
+                 "data.jsonl:1: field 'completion' must be a non-empty list of messages, as 'prompt' is");
+  Write(dir, R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})");
   // The built-in llama3 template writes tokens this tokenizer lacks.
   EXPECT_EQ(CheckChatTemplateTokens(ChatTemplateChoice::kLlama3, *tok).message(),
             "chat template llama3 needs token <|begin_of_text|>, which the tokenizer lacks");
