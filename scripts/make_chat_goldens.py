@@ -105,18 +105,28 @@ CONVERSATIONS = {
     "thinking_off": {"enable_thinking": False,
                      "messages": [{"role": "user", "content": "Say yes."},
                                   {"role": "assistant", "content": "Yes."}]},
+    # Characters that share their first UTF-8 bytes (思 and 我 both start E6): where renderings part inside one,
+    # the spans still end on a character boundary.
+    "cjk_system_multi_turn": {"messages": [{"role": "system", "content": "思考一下。"},
+                                           {"role": "user", "content": "我想知道。"},
+                                           {"role": "assistant", "content": "好的。"},
+                                           {"role": "user", "content": "我们走吧。"},
+                                           {"role": "assistant", "content": "思路清楚。"}]},
     "text_edges": {"messages": [{"role": "user", "content": "  Quote \"this\" {{ not jinja }} \\n and <b>tags</b>\n\n"},
                                 {"role": "assistant", "content": "Done — ünïcödé ✓, 日本語.\n"}]},
 }
 
 
 def fetch_archive(path):
+    args_archive = path
     if path is None:
         path = os.path.join(tempfile.gettempdir(), f"llama_cpp_python-{VERSION}.tar.gz")
         if not os.path.exists(path):
             urllib.request.urlretrieve(URL, path)
     digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
     if digest != SHA256:
+        if args_archive is None:
+            os.remove(path)  # a broken download is not kept for the next run
         raise SystemExit(f"{path}: SHA-256 {digest}, not the pinned {SHA256}")
     return path
 
@@ -143,6 +153,7 @@ def main():
 
     cases = []
     for name, special in TEMPLATES.items():
+        # render_jinja_template compiles through this same lru_cached function, so it renders with the pinned clock.
         compiled = ctu._compile_jinja_template(sources[name])
         compiled.globals["strftime_now"] = lambda fmt: NOW.strftime(fmt)
         for conv_name, line in CONVERSATIONS.items():

@@ -14,10 +14,18 @@ using nlohmann::ordered_json;
 
 constexpr int32_t kIgnore = -100;
 
+// Back to the start of the UTF-8 character that byte `pos` of `text` lies in: spans end on character boundaries,
+// as the Python reference (which compares characters) has them.
+size_t CharStart(const std::string& text, size_t pos) {
+  while (pos > 0 && pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) --pos;
+  return pos;
+}
+
+// How many bytes a[a_from..] and b[b_from..] share, ending on a character boundary.
 size_t CommonPrefix(const std::string& a, size_t a_from, const std::string& b, size_t b_from) {
   size_t n = 0;
   while (a_from + n < a.size() && b_from + n < b.size() && a[a_from + n] == b[b_from + n]) ++n;
-  return n;
+  return CharStart(a, a_from + n) - a_from;
 }
 
 ordered_json Prefix(const ordered_json& messages, size_t n) {
@@ -61,7 +69,15 @@ size_t LongestPrefixThatEnds(std::string_view pattern, std::string_view text) {
 // <think> block of a last reply). That is `from` plus the longest run of `text` from `from`, at most `limit` bytes,
 // that `rendering` ends with.
 size_t ExtendByEnding(const std::string& text, size_t from, size_t limit, const std::string& rendering) {
-  return from + LongestPrefixThatEnds(std::string_view(text).substr(from, limit), rendering);
+  return CharStart(text, from + LongestPrefixThatEnds(std::string_view(text).substr(from, limit), rendering));
+}
+
+// The variables the trainer sets: a line that sets one too is refused (transformers raises on the duplicate).
+bool Reserved(const std::string& key) {
+  for (const char* k : {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+                        "unk_token", "pad_token", "sep_token", "cls_token", "mask_token", "additional_special_tokens"})
+    if (key == k) return true;
+  return false;
 }
 
 // How many of `ids` (the tokens of `text`) lie wholly before byte `pos`: the tokens `text`'s first `pos` bytes
@@ -89,17 +105,17 @@ const char* TrainOnName(TrainOn t) { return t == TrainOn::kAll ? "all" : "assist
 ordered_json ChatTemplateVariables(const ordered_json& line, const ordered_json& messages, const SpecialTokens& tokens,
                                    bool add_generation_prompt) {
   ordered_json v = ordered_json::object();
+  for (const auto& [key, value] : line.items())
+    if (key != "prompt" && key != "completion" && key != "chat_template_kwargs" && !Reserved(key)) v[key] = value;
+  if (line.contains("chat_template_kwargs") && line["chat_template_kwargs"].is_object())
+    for (const auto& [key, value] : line["chat_template_kwargs"].items())
+      if (!Reserved(key)) v[key] = value;
+  // Last, so that nothing of the line's replaces them (BuildChatSample refuses a line that tries).
   v["messages"] = messages;
   v["tools"] = line.contains("tools") ? line["tools"] : ordered_json();
   v["documents"] = line.contains("documents") ? line["documents"] : ordered_json();
   v["add_generation_prompt"] = add_generation_prompt;
   tokens.AddTo(v);
-  for (const auto& [key, value] : line.items())
-    if (key != "messages" && key != "prompt" && key != "completion" && key != "tools" && key != "documents" &&
-        key != "chat_template_kwargs")
-      v[key] = value;
-  if (line.contains("chat_template_kwargs") && line["chat_template_kwargs"].is_object())
-    for (const auto& [key, value] : line["chat_template_kwargs"].items()) v[key] = value;
   return v;
 }
 
@@ -136,6 +152,13 @@ StatusOr<ChatSample> BuildChatSample(const ordered_json& line, const Tokenizer& 
   SLIDE_RETURN_IF_ERROR(CheckMessages(messages));
   if (line.contains("chat_template_kwargs") && !line["chat_template_kwargs"].is_object())
     return InvalidArgument("field 'chat_template_kwargs' must be an object");
+  for (const ordered_json* keys :
+       {&line, line.contains("chat_template_kwargs") ? &line["chat_template_kwargs"] : nullptr}) {
+    if (keys == nullptr) continue;
+    for (const auto& [key, value] : keys->items())
+      if (Reserved(key) && (keys != &line || (key != "messages" && key != "tools" && key != "documents")))
+        return InvalidArgument("field '" + key + "' is the trainer's to set, not a line's");
+  }
   auto render = [&](const ordered_json& msgs, bool generation_prompt) {
     return o.chat_template->Render(ChatTemplateVariables(line, msgs, o.special_tokens, generation_prompt), o.now);
   };

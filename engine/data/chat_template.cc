@@ -185,12 +185,19 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::Compile(const std::s
 
 StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& variables, std::time_t now) const {
   if (!variables.is_object()) return InvalidArgument("chat template variables must be a JSON object");
+  // The engine reads its own JSON type; the text round trip keeps the two libraries apart. The variables are the
+  // caller's data, converted before the template's budget starts.
+  common_json converted;
+  try {
+    converted = common_json::parse(variables.dump());
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("chat template variables: ") + e.what());
+  }
   RenderBudget budget(TemplateLimits());
   try {
     jinja::context ctx(impl_->source);
     if (now != 0) ctx.current_time = now;
-    // The engine reads its own JSON type; the text round trip keeps the two libraries apart.
-    jinja::global_from_json(ctx, common_json::parse(variables.dump()), /*mark_input=*/false);
+    jinja::global_from_json(ctx, converted, /*mark_input=*/false);
     jinja::runtime runtime(ctx);
     const jinja::value_string parts = jinja::runtime::gather_string_parts(runtime.execute(impl_->program));
     std::string out;

@@ -123,7 +123,8 @@ class SampleBuilder {
   }
 
   Status BuildChat(const json& j, Sample& s) const {
-    if (!chat_.chat_template) return InvalidArgument(o_.no_chat_template);
+    // The job's configuration, not the line: it fails the load whatever the bad-line policy.
+    if (!chat_.chat_template) return FailedPrecondition(o_.no_chat_template);
     SLIDE_ASSIGN_OR_RETURN(ChatSample chat, BuildChatSample(j, tok_, chat_));
     s.ids = std::move(chat.ids);
     s.labels = std::move(chat.labels);
@@ -220,6 +221,8 @@ StatusOr<Dataset> LoadJsonlDataset(const std::string& path, const Tokenizer& tok
       continue;
     }
     auto sample = builder.Build(j);
+    if (!sample.ok() && sample.status().code() == StatusCode::kFailedPrecondition)
+      return FailedPrecondition(path + ":" + std::to_string(line_no) + ": " + sample.status().message());
     if (!sample.ok()) {
       SLIDE_RETURN_IF_ERROR(fail_or_skip(sample.status().message()));
       continue;

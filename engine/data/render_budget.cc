@@ -3,7 +3,9 @@
 #include <malloc.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <new>
 
 namespace slide {
@@ -21,18 +23,20 @@ namespace {
 
 thread_local RenderBudget::State* active = nullptr;
 
-uintptr_t StackPosition() {
-  volatile char here = 0;
-  return reinterpret_cast<uintptr_t>(&here);
-}
+uintptr_t StackPosition() { return reinterpret_cast<uintptr_t>(__builtin_frame_address(0)); }
 
 // Charges `n` bytes to the thread's budget, or refuses them (noting why) by returning false.
 bool Charge(RenderBudget::State* s, size_t n) {
+  // While an exception unwinds, destructors may allocate (nlohmann's does) and must not throw: charged, not refused.
+  if (std::uncaught_exceptions() > 0) {
+    s->bytes += n;
+    return true;
+  }
   if (s->exceeded != nullptr) return false;  // once past, every allocation in the scope fails
   const uintptr_t here = StackPosition();
   if (s->stack_top > here && s->stack_top - here > s->limits.stack_bytes) {
     s->exceeded = "stack depth";
-  } else if (n > s->limits.bytes - s->bytes) {
+  } else if (s->bytes >= s->limits.bytes || n > s->limits.bytes - s->bytes) {
     s->exceeded = "memory";
   } else if ((++s->allocations & 4095) == 0 && std::chrono::steady_clock::now() > s->deadline) {
     s->exceeded = "time";
@@ -44,6 +48,10 @@ bool Charge(RenderBudget::State* s, size_t n) {
 
 void* Allocate(size_t n, size_t alignment, bool nothrow) {
   if (n == 0) n = 1;
+  if (n > SIZE_MAX - alignment) {  // no size rounds up to that
+    if (nothrow) return nullptr;
+    throw std::bad_alloc();
+  }
   RenderBudget::State* s = active;
   // Refused before malloc sees it: a template's 'x' * 10**10 must not reserve the bytes even for a moment.
   if (s != nullptr && !Charge(s, n)) {

@@ -204,6 +204,13 @@ TEST(ChatSample, BadLinesGetPreciseErrors) {
   EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
                       "chat_template_kwargs": 1})"),
             "field 'chat_template_kwargs' must be an object");
+  // A line cannot set what the trainer sets (transformers raises on the duplicate keyword).
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                      "add_generation_prompt": true})"),
+            "field 'add_generation_prompt' is the trainer's to set, not a line's");
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                      "chat_template_kwargs": {"eos_token": "<x>"}})"),
+            "field 'eos_token' is the trainer's to set, not a line's");
   // The template's own refusal reaches the line's error.
   o.chat_template = CompileFixture("google-gemma-2-2b-it.jinja");
   EXPECT_NE(error(R"({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"},

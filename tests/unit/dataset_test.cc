@@ -180,8 +180,10 @@ TEST(Dataset, ChatMLTrainsOnAssistantTurns) {
   // Without a template a messages line fails with the reason the caller gave.
   o.chat_template = nullptr;
   o.no_chat_template = "the model has no chat template";
+  o.bad_lines = BadLinePolicy::kSkip;  // the job's configuration, not a bad line: the load fails all the same
   auto r = LoadJsonlDataset(dir.File("data.jsonl"), *tok, o);
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   ExpectContains(r.status().message(), "data.jsonl:1: the model has no chat template");
 }
 
