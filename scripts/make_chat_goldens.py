@@ -14,6 +14,7 @@ transformers' tokenizer) and which are trained with train_on: assistant (as [fir
 for the conversation, the labels are TRL's (each assistant turn a prompt/completion pair: the completion is what the
 conversation through the reply adds to the conversation before it with the generation prompt) and `trl` is true;
 elsewhere they follow the rule engine/data/chat_sample.h documents, computed here from transformers' renderings.
+scripts/check_masks_with_trl.py runs TRL's own SFTTrainer over the prompt/completion lines to confirm them.
 
 Usage: scripts/make_chat_goldens.py [--archive llama_cpp_python-0.3.36.tar.gz]   (pip: transformers, jinja2)
 """
