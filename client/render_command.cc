@@ -22,22 +22,6 @@ slide::StatusOr<E> Choice(const google::protobuf::EnumDescriptor* type, int numb
   return parse(slide::v1::EnumShortName(value));
 }
 
-const char* FormatName(slide::DatasetFormat f) {
-  switch (f) {
-    case slide::DatasetFormat::kText:
-      return "text";
-    case slide::DatasetFormat::kPromptCompletion:
-      return "prompt_completion";
-    case slide::DatasetFormat::kMessages:
-      return "messages";
-    case slide::DatasetFormat::kTokens:
-      return "tokens";
-    case slide::DatasetFormat::kAuto:
-      break;
-  }
-  return "auto";
-}
-
 // The sample's text, run by run of trained and untrained tokens, the trained runs marked.
 void PrintSample(const slide::Tokenizer& tok, const slide::LineSample& s, bool color) {
   std::string out;
@@ -92,7 +76,7 @@ std::string RenderJobLines(const slide::v1::JobSpec& spec, const RenderOptions& 
     int64_t trained = 0;
     for (int32_t l : sample->labels) trained += l != -100;
     std::printf("%s:%lld: %s, %zu tokens, %lld trained\n", Printable(spec.dataset()).c_str(),
-                static_cast<long long>(number), FormatName(sample->format), sample->ids.size(),
+                static_cast<long long>(number), slide::DatasetFormatName(sample->format), sample->ids.size(),
                 static_cast<long long>(trained));
     PrintSample(**tokenizer, *sample, o.color);
     std::printf("\n");

@@ -152,13 +152,14 @@ StatusOr<ChatSample> BuildChatSample(const ordered_json& line, const Tokenizer& 
   SLIDE_RETURN_IF_ERROR(CheckMessages(messages));
   if (line.contains("chat_template_kwargs") && !line["chat_template_kwargs"].is_object())
     return InvalidArgument("field 'chat_template_kwargs' must be an object");
-  for (const ordered_json* keys :
-       {&line, line.contains("chat_template_kwargs") ? &line["chat_template_kwargs"] : nullptr}) {
-    if (keys == nullptr) continue;
-    for (const auto& [key, value] : keys->items())
-      if (Reserved(key) && (keys != &line || (key != "messages" && key != "tools" && key != "documents")))
-        return InvalidArgument("field '" + key + "' is the trainer's to set, not a line's");
-  }
+  auto set_by_line = [](const std::string& key) {
+    return InvalidArgument("field '" + key + "' is the trainer's to set, not a line's");
+  };
+  for (const auto& [key, value] : line.items())  // messages, tools and documents are the line's to give
+    if (Reserved(key) && key != "messages" && key != "tools" && key != "documents") return set_by_line(key);
+  if (line.contains("chat_template_kwargs"))
+    for (const auto& [key, value] : line["chat_template_kwargs"].items())
+      if (Reserved(key)) return set_by_line(key);
   auto render = [&](const ordered_json& msgs, bool generation_prompt) {
     return o.chat_template->Render(ChatTemplateVariables(line, msgs, o.special_tokens, generation_prompt), o.now);
   };

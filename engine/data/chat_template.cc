@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/files.h"
+#include "engine/data/json_file.h"
 #include "engine/data/render_budget.h"
 #include "engine/data/tokenizer.h"
 #include "jinja/lexer.h"
@@ -251,16 +252,8 @@ StatusOr<std::shared_ptr<const ChatTemplate>> LoadModelChatTemplate(const std::s
     return ChatTemplate::Compile(source, jinja_path);
   }
   const std::string config_path = model_dir + "/tokenizer_config.json";
-  if (!PathExists(config_path))
-    return NotFound(model_dir + " has neither chat_template.jinja nor tokenizer_config.json");
-  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument(config_path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!config.is_object()) return InvalidArgument(config_path + ": expected a JSON object");
+  SLIDE_ASSIGN_OR_RETURN(nlohmann::json config, ReadOptionalJsonObject(config_path));
+  if (config.is_null()) return NotFound(model_dir + " has neither chat_template.jinja nor tokenizer_config.json");
   if (!config.contains("chat_template") || config["chat_template"].is_null())
     return NotFound(model_dir + " has no chat template (no chat_template.jinja, no chat_template in " + config_path +
                     ")");

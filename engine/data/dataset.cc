@@ -166,6 +166,22 @@ class SampleBuilder {
 
 }  // namespace
 
+const char* DatasetFormatName(DatasetFormat f) {
+  switch (f) {
+    case DatasetFormat::kText:
+      return "text";
+    case DatasetFormat::kPromptCompletion:
+      return "prompt_completion";
+    case DatasetFormat::kMessages:
+      return "messages";
+    case DatasetFormat::kTokens:
+      return "tokens";
+    case DatasetFormat::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 StatusOr<DatasetFormat> ParseDatasetFormat(const std::string& n) {
   if (n == "auto") return DatasetFormat::kAuto;
   if (n == "text") return DatasetFormat::kText;

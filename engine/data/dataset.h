@@ -28,6 +28,7 @@ enum class BadLinePolicy { kFail, kSkip };
 enum class LongSamplePolicy { kTruncate, kSkip, kFail };  // truncate mode only
 
 StatusOr<DatasetFormat> ParseDatasetFormat(const std::string& name);  // auto|text|prompt_completion|messages|tokens
+const char* DatasetFormatName(DatasetFormat format);
 
 struct DatasetOptions {
   int64_t seq_len = 1024;

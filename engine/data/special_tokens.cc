@@ -2,27 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/common/files.h"
+#include "engine/data/json_file.h"
 #include "engine/data/tokenizer.h"
 
 namespace slide {
 namespace {
 
 using nlohmann::json;
-
-// An optional JSON object file: null when absent.
-StatusOr<json> ReadOptionalObject(const std::string& path) {
-  if (!PathExists(path)) return json();
-  SLIDE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // a parse_error, or out_of_range: a number too large for a double
-    return InvalidArgument(path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) return InvalidArgument(path + ": expected a JSON object");
-  return j;
-}
 
 // A token field: a string, or an AddedToken object {"content": ...}; null or absent leaves `out` as it was.
 Status TokenField(const json& j, const std::string& path, const char* key, std::string& out) {
@@ -53,14 +39,14 @@ StatusOr<SpecialTokens> LoadSpecialTokens(const std::string& model_dir, const To
   std::string* fields[] = {&t.bos_token, &t.eos_token, &t.pad_token, &t.unk_token};
   for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {  // the map overrides the config
     const std::string path = model_dir + "/" + file;
-    SLIDE_ASSIGN_OR_RETURN(json j, ReadOptionalObject(path));
+    SLIDE_ASSIGN_OR_RETURN(json j, ReadOptionalJsonObject(path));
     for (int i = 0; i < 4; ++i) SLIDE_RETURN_IF_ERROR(TokenField(j, path, keys[i], *fields[i]));
     if (j.is_object() && j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
       t.add_bos_token = j["add_bos_token"].get<bool>();
   }
   if (t.eos_token.empty() && tokenizer != nullptr) {
     const std::string path = model_dir + "/generation_config.json";
-    SLIDE_ASSIGN_OR_RETURN(json g, ReadOptionalObject(path));
+    SLIDE_ASSIGN_OR_RETURN(json g, ReadOptionalJsonObject(path));
     if (g.is_object() && g.contains("eos_token_id")) {
       const json& id =
           g["eos_token_id"].is_array() && !g["eos_token_id"].empty() ? g["eos_token_id"][0] : g["eos_token_id"];
