@@ -14,8 +14,8 @@
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
-#   bench/run_gpu.sh ab          the older tree's sliding_bench (labelled BASE_COMMIT; its positional arguments and
-#                                SLIDE_* variables) and this tree's, alternating, AB_ROUNDS (2) times over
+#   bench/run_gpu.sh ab          the older tree's sliding_bench (labelled BASE_COMMIT; a tree from 3a5f051 on, whose
+#                                bench takes the same flags) and this tree's, alternating, AB_ROUNDS (2) times over
 #                                AB_RUNS="shape:batch:checkpoints:weights-first:steps ..." (default the targets: 8B
 #                                batch 48 parked on the host with weights first on, 3B batch 32 automatic); run right
 #                                after ab-build on the same warm machine
@@ -171,8 +171,7 @@ PY
       for spec in ${AB_RUNS:-llama-8b:48:host:on:3 llama-3b:32:auto:auto:6}; do
         IFS=: read -r shape b ck wf steps <<< "$spec"
         commit=$base_commit
-        SLIDE_CHECKPOINTS=$ck SLIDE_WEIGHTS_FIRST=$wf \
-          run 240 build-gpu-base/b/bench/sliding_bench "$shape" "$b" 1024 "$steps" 2 cuda 1.0
+        run 240 build-gpu-base/b/bench/sliding_bench "$shape" "$b" --steps "$steps" --checkpoints "$ck" --weights-first "$wf"
         echo "round $round base $shape $b done after $((SECONDS - start)) s"
         commit=$COMMIT
         run 240 build-gpu/bench/sliding_bench "$shape" "$b" --steps "$steps" --checkpoints "$ck" --weights-first "$wf"
