@@ -58,6 +58,52 @@ def token_loss_sum(logits, labels):
                            reduction="sum")
 
 
+def logits_loss_grads(model, ids, labels, named_trainable):
+    """fp32 and bf16 copies of `model` on one batch: logits, loss and the gradient of each (name, parameter) that
+    named_trainable(copy) yields, as reference tensors (<dtype>.logits, <dtype>.loss, <dtype>.grad.<name>)."""
+    ref = {}
+    n_valid = int((labels[:, 1:] != -100).sum())
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        m = copy.deepcopy(model).to(dtype)
+        m.zero_grad()
+        logits = m(input_ids=ids).logits
+        loss = token_loss_sum(logits, labels) / n_valid
+        loss.backward()
+        ref[f"{tag}.logits"] = logits.detach().float()
+        ref[f"{tag}.loss"] = loss.detach().float().reshape(1)
+        for name, p in named_trainable(m):
+            ref[f"{tag}.grad.{name}"] = p.grad.detach().clone()
+    return ref
+
+
+def train_steps(model, params, opt, sched, gen, vocab, train):
+    """train["steps"] optimizer steps of train["grad_accum"] micro-batches, clipping `params` by global norm: the
+    batches and what the run recorded, as reference tensors (train.*)."""
+    rows = train["micro_batch"] * train["grad_accum"]
+    t_ids, t_labels, losses, norms, lrs = [], [], [], [], []
+    for step in range(train["steps"]):
+        ids, labels = make_batch(gen, rows, train["seq_len"], vocab)
+        t_ids.append(ids)
+        t_labels.append(labels)
+        n_valid = int((labels[:, 1:] != -100).sum())
+        opt.zero_grad()
+        total = 0.0
+        for mb in range(train["grad_accum"]):
+            sl = slice(mb * train["micro_batch"], (mb + 1) * train["micro_batch"])
+            loss = token_loss_sum(model(input_ids=ids[sl]).logits, labels[sl]) / n_valid
+            loss.backward()
+            total += loss.item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, train["max_grad_norm"])))
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        losses.append(total)
+    return {"train.ids": torch.stack(t_ids), "train.labels": torch.stack(t_labels),
+            "train.loss": torch.tensor(losses, dtype=torch.float64),
+            "train.grad_norm": torch.tensor(norms, dtype=torch.float64),
+            "train.lr": torch.tensor(lrs, dtype=torch.float64)}
+
+
 def build(name, cls, extra, schedule, warmup, shard):
     torch.manual_seed(1234)
     config = cls(**COMMON, **extra)
@@ -69,8 +115,9 @@ def build(name, cls, extra, schedule, warmup, shard):
                 p.add_(0.1 * torch.randn_like(p))
     out = os.path.join(OUT, name)
     os.makedirs(out, exist_ok=True)
-    for f in os.listdir(out):
-        os.remove(os.path.join(out, f))
+    for f in os.listdir(out):  # the model's files; lora/ (scripts/make_lora_fixtures.py) stays
+        if os.path.isfile(os.path.join(out, f)):
+            os.remove(os.path.join(out, f))
     kwargs = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(out, safe_serialization=True, **kwargs)
 
@@ -80,16 +127,7 @@ def build(name, cls, extra, schedule, warmup, shard):
     ref["input_ids"], ref["labels"] = ids, labels
     n_valid = int((labels[:, 1:] != -100).sum())
 
-    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        m = copy.deepcopy(model).to(dtype)
-        m.zero_grad()
-        logits = m(input_ids=ids).logits
-        loss = token_loss_sum(logits, labels) / n_valid
-        loss.backward()
-        ref[f"{tag}.logits"] = logits.detach().float()
-        ref[f"{tag}.loss"] = loss.detach().float().reshape(1)
-        for pname, p in m.named_parameters():
-            ref[f"{tag}.grad.{pname}"] = p.grad.detach().to(dtype).clone()
+    ref.update(logits_loss_grads(model, ids, labels, lambda m: m.named_parameters()))
 
     # 5 optimizer steps: accumulation, clipping, weight decay on matrices only, an HF schedule.
     m = copy.deepcopy(model)
@@ -99,30 +137,7 @@ def build(name, cls, extra, schedule, warmup, shard):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=TRAIN["lr"], betas=(TRAIN["beta1"], TRAIN["beta2"]), eps=TRAIN["eps"], foreach=False)
     sched = transformers.get_scheduler(schedule, opt, num_warmup_steps=warmup, num_training_steps=TRAIN["steps"])
-    rows = TRAIN["micro_batch"] * TRAIN["grad_accum"]
-    t_ids, t_labels, losses, norms, lrs = [], [], [], [], []
-    for step in range(TRAIN["steps"]):
-        ids, labels = make_batch(gen, rows, TRAIN["seq_len"], config.vocab_size)
-        t_ids.append(ids)
-        t_labels.append(labels)
-        n_valid = int((labels[:, 1:] != -100).sum())
-        opt.zero_grad()
-        total = 0.0
-        for mb in range(TRAIN["grad_accum"]):
-            sl = slice(mb * TRAIN["micro_batch"], (mb + 1) * TRAIN["micro_batch"])
-            loss = token_loss_sum(m(input_ids=ids[sl]).logits, labels[sl]) / n_valid
-            loss.backward()
-            total += loss.item()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), TRAIN["max_grad_norm"])))
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-        losses.append(total)
-    ref["train.ids"] = torch.stack(t_ids)
-    ref["train.labels"] = torch.stack(t_labels)
-    ref["train.loss"] = torch.tensor(losses, dtype=torch.float64)
-    ref["train.grad_norm"] = torch.tensor(norms, dtype=torch.float64)
-    ref["train.lr"] = torch.tensor(lrs, dtype=torch.float64)
+    ref.update(train_steps(m, list(m.parameters()), opt, sched, gen, config.vocab_size, TRAIN))
     for pname, p in m.named_parameters():
         ref[f"final.{pname}"] = p.detach().clone()
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
@@ -130,8 +145,9 @@ def build(name, cls, extra, schedule, warmup, shard):
                 torch=torch.__version__)
     with open(os.path.join(out, "training.json"), "w") as f:
         json.dump(meta, f, indent=2)
-    print(f"{name}: {sum(p.numel() for p in model.parameters())} params, losses {[round(x, 4) for x in losses]}, "
-          f"grad norms {[round(x, 3) for x in norms]}, lrs {lrs}")
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} params, losses "
+          f"{[round(x, 4) for x in ref['train.loss'].tolist()]}, "
+          f"grad norms {[round(x, 3) for x in ref['train.grad_norm'].tolist()]}")
 
 
 if __name__ == "__main__":

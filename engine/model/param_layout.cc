@@ -1,34 +1,24 @@
 #include "engine/model/param_layout.h"
 
 namespace slide {
-namespace {
 
-class UnitBuilder {
- public:
-  UnitBuilder(UnitKind kind, std::string name, std::string prefix) : prefix_(std::move(prefix)) {
-    unit_.kind = kind;
-    unit_.name = std::move(name);
-  }
-  void Add(const std::string& local, std::vector<int64_t> shape, bool decay) {
-    ParamSpec p;
-    p.local = local;
-    p.name = prefix_ + local;
-    p.numel = 1;
-    for (int64_t d : shape) p.numel *= d;
-    p.shape = std::move(shape);
-    p.offset = unit_.numel;
-    p.weight_decay = decay;
-    unit_.numel += (p.numel + kParamAlignElems - 1) / kParamAlignElems * kParamAlignElems;
-    unit_.params.push_back(std::move(p));
-  }
-  UnitLayout Take() { return std::move(unit_); }
+UnitBuilder::UnitBuilder(UnitKind kind, std::string name, std::string prefix) : prefix_(std::move(prefix)) {
+  unit_.kind = kind;
+  unit_.name = std::move(name);
+}
 
- private:
-  std::string prefix_;
-  UnitLayout unit_;
-};
-
-}  // namespace
+void UnitBuilder::Add(const std::string& local, std::vector<int64_t> shape, bool decay) {
+  ParamSpec p;
+  p.local = local;
+  p.name = prefix_ + local;
+  p.numel = 1;
+  for (int64_t d : shape) p.numel *= d;
+  p.shape = std::move(shape);
+  p.offset = unit_.numel;
+  p.weight_decay = decay;
+  unit_.numel += (p.numel + kParamAlignElems - 1) / kParamAlignElems * kParamAlignElems;
+  unit_.params.push_back(std::move(p));
+}
 
 const ParamSpec* UnitLayout::Find(const std::string& local) const {
   for (const auto& p : params)

@@ -25,7 +25,7 @@ struct ParamSpec {
   bool weight_decay = false;  // matrices decay; norms and biases do not
 };
 
-enum class UnitKind { kEmbedding, kDecoderLayer, kHead };
+enum class UnitKind { kEmbedding, kDecoderLayer, kHead, kAdapter };
 
 struct UnitLayout {
   UnitKind kind = UnitKind::kDecoderLayer;
@@ -48,6 +48,18 @@ struct ModelLayout {
 };
 
 ModelLayout BuildModelLayout(const ModelConfig& cfg);
+
+// Packs a unit's parameters one after another, each view aligned (kParamAlignElems); names are prefix + local.
+class UnitBuilder {
+ public:
+  UnitBuilder(UnitKind kind, std::string name, std::string prefix);
+  void Add(const std::string& local, std::vector<int64_t> shape, bool decay);
+  UnitLayout Take() { return std::move(unit_); }
+
+ private:
+  std::string prefix_;
+  UnitLayout unit_;
+};
 
 // Views of each named parameter inside `flat` (1-D, length layout.numel), in layout order.
 std::vector<at::Tensor> UnitViews(const UnitLayout& layout, const at::Tensor& flat);

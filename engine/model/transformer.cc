@@ -59,19 +59,23 @@ at::Tensor EmbeddingForward(const UnitLayout& layout, const at::Tensor& flat, co
 }
 
 at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout, const at::Tensor& flat,
-                               const at::Tensor& x, const RopeTables& rope) {
+                               const at::Tensor& x, const RopeTables& rope, const LayerAdapter* adapter) {
   const int64_t B = x.size(0), S = x.size(1), D = cfg.head_dim;
   const double eps = cfg.rms_norm_eps;
+  // A linear projection ("self_attn.q_proj") of `in`, plus its adapter's term when it has one (PEFT's order: the
+  // base result first, the adapter's added to it).
+  auto project = [&](const at::Tensor& in, const std::string& path) {
+    at::Tensor y = Linear(in, P(layout, flat, (path + ".weight").c_str()), P(layout, flat, (path + ".bias").c_str()));
+    if (adapter == nullptr) return y;
+    at::Tensor delta = AdapterDelta(*adapter, path, in);
+    return delta.defined() ? y + delta : y;
+  };
 
   // Attention block.
   at::Tensor h = RmsNorm(x, P(layout, flat, "input_layernorm.weight"), eps);
-  at::Tensor q = Linear(h, P(layout, flat, "self_attn.q_proj.weight"), P(layout, flat, "self_attn.q_proj.bias"))
-                     .view({B, S, cfg.num_heads, D});
-  at::Tensor k = Linear(h, P(layout, flat, "self_attn.k_proj.weight"), P(layout, flat, "self_attn.k_proj.bias"))
-                     .view({B, S, cfg.num_kv_heads, D});
-  at::Tensor v = Linear(h, P(layout, flat, "self_attn.v_proj.weight"), P(layout, flat, "self_attn.v_proj.bias"))
-                     .view({B, S, cfg.num_kv_heads, D})
-                     .transpose(1, 2);
+  at::Tensor q = project(h, "self_attn.q_proj").view({B, S, cfg.num_heads, D});
+  at::Tensor k = project(h, "self_attn.k_proj").view({B, S, cfg.num_kv_heads, D});
+  at::Tensor v = project(h, "self_attn.v_proj").view({B, S, cfg.num_kv_heads, D}).transpose(1, 2);
   if (cfg.qk_norm) {
     q = RmsNorm(q, P(layout, flat, "self_attn.q_norm.weight"), eps);
     k = RmsNorm(k, P(layout, flat, "self_attn.k_norm.weight"), eps);
@@ -91,14 +95,13 @@ at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout,
   at::Tensor attn = at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, 1.0 / std::sqrt(double(D)),
                                                      /*enable_gqa=*/cfg.num_heads != cfg.num_kv_heads);
   attn = attn.transpose(1, 2).reshape({B, S, cfg.q_dim()});
-  at::Tensor x1 =
-      x + Linear(attn, P(layout, flat, "self_attn.o_proj.weight"), P(layout, flat, "self_attn.o_proj.bias"));
+  at::Tensor x1 = x + project(attn, "self_attn.o_proj");
 
   // MLP block: down(silu(gate(h)) * up(h)).
   h = RmsNorm(x1, P(layout, flat, "post_attention_layernorm.weight"), eps);
-  at::Tensor gate = Linear(h, P(layout, flat, "mlp.gate_proj.weight"), P(layout, flat, "mlp.gate_proj.bias"));
-  at::Tensor up = Linear(h, P(layout, flat, "mlp.up_proj.weight"), P(layout, flat, "mlp.up_proj.bias"));
-  return x1 + Linear(SwiGlu(gate, up), P(layout, flat, "mlp.down_proj.weight"), P(layout, flat, "mlp.down_proj.bias"));
+  at::Tensor gate = project(h, "mlp.gate_proj");
+  at::Tensor up = project(h, "mlp.up_proj");
+  return x1 + project(SwiGlu(gate, up), "mlp.down_proj");
 }
 
 at::Tensor LmHeadWeight(const ModelLayout& layout, const at::Tensor& embed_flat, const at::Tensor& head_flat) {
@@ -121,25 +124,31 @@ at::Tensor HeadLogits(const ModelConfig& cfg, const UnitLayout& head_layout, con
 }
 
 namespace {
-at::Tensor TrunkForward(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids) {
+at::Tensor TrunkForward(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
+                        const std::vector<LayerAdapter>* adapters) {
   const ModelLayout& L = params.layout;
+  TORCH_CHECK(adapters == nullptr || static_cast<int64_t>(adapters->size()) == L.num_layers(), "one adapter per layer");
   at::Tensor x = EmbeddingForward(L.embed(), params.units.front(), ids);
   RopeTables rope = BuildRopeTables(cfg, ids.size(1), x.options());
-  for (int64_t i = 0; i < L.num_layers(); ++i) x = DecoderLayerForward(cfg, L.layer(i), params.units[1 + i], x, rope);
+  for (int64_t i = 0; i < L.num_layers(); ++i)
+    x = DecoderLayerForward(cfg, L.layer(i), params.units[1 + i], x, rope,
+                            adapters == nullptr ? nullptr : &(*adapters)[i]);
   return x;
 }
 }  // namespace
 
 at::Tensor ModelLoss(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
-                     const at::Tensor& targets, double normalizer, const LossOptions& options) {
-  at::Tensor x = TrunkForward(cfg, params, ids);
+                     const at::Tensor& targets, double normalizer, const LossOptions& options,
+                     const std::vector<LayerAdapter>* adapters) {
+  at::Tensor x = TrunkForward(cfg, params, ids, adapters);
   const ModelLayout& L = params.layout;
   return HeadLoss(cfg, L.head(), params.units.back(), LmHeadWeight(L, params.units.front(), params.units.back()), x,
                   targets, normalizer, options);
 }
 
-at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids) {
-  at::Tensor x = TrunkForward(cfg, params, ids);
+at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
+                       const std::vector<LayerAdapter>* adapters) {
+  at::Tensor x = TrunkForward(cfg, params, ids, adapters);
   const ModelLayout& L = params.layout;
   return HeadLogits(cfg, L.head(), params.units.back(), LmHeadWeight(L, params.units.front(), params.units.back()), x);
 }

@@ -9,6 +9,7 @@
 
 #include "engine/model/config.h"
 #include "engine/model/hf_checkpoint.h"
+#include "engine/model/lora.h"
 #include "engine/model/param_layout.h"
 
 namespace slide {
@@ -24,9 +25,10 @@ RopeTables BuildRopeTables(const ModelConfig& cfg, int64_t seq_len, at::TensorOp
 // ids [B, S] int64 -> hidden [B, S, H]
 at::Tensor EmbeddingForward(const UnitLayout& layout, const at::Tensor& flat, const at::Tensor& ids);
 
-// x [B, S, H] -> [B, S, H]: pre-norm attention (GQA, RoPE, causal) and SwiGLU MLP, each with a residual.
+// x [B, S, H] -> [B, S, H]: pre-norm attention (GQA, RoPE, causal) and SwiGLU MLP, each with a residual; with
+// `adapter`, its LoRA terms added to the projections it targets.
 at::Tensor DecoderLayerForward(const ModelConfig& cfg, const UnitLayout& layout, const at::Tensor& flat,
-                               const at::Tensor& x, const RopeTables& rope);
+                               const at::Tensor& x, const RopeTables& rope, const LayerAdapter* adapter = nullptr);
 
 // The LM head matrix [V, H]: the head unit's own, or the embedding's when tied.
 at::Tensor LmHeadWeight(const ModelLayout& layout, const at::Tensor& embed_flat, const at::Tensor& head_flat);
@@ -45,10 +47,13 @@ at::Tensor HeadLoss(const ModelConfig& cfg, const UnitLayout& head_layout, const
 at::Tensor HeadLogits(const ModelConfig& cfg, const UnitLayout& head_layout, const at::Tensor& head_flat,
                       const at::Tensor& lm_head_weight, const at::Tensor& x);
 
-// The whole model in one autograd graph over `params` (the oracle and parity tests use this).
+// The whole model in one autograd graph over `params` (the oracle and parity tests use this); `adapters`, when
+// given, one per layer.
 at::Tensor ModelLoss(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
-                     const at::Tensor& targets, double normalizer, const LossOptions& options = {});
-at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids);
+                     const at::Tensor& targets, double normalizer, const LossOptions& options = {},
+                     const std::vector<LayerAdapter>* adapters = nullptr);
+at::Tensor ModelLogits(const ModelConfig& cfg, const ModelParams& params, const at::Tensor& ids,
+                       const std::vector<LayerAdapter>* adapters = nullptr);
 
 // Number of targets that count (!= -100).
 int64_t CountValidTargets(const at::Tensor& targets);

@@ -59,4 +59,23 @@ TempDir::~TempDir() {
       FTW_DEPTH | FTW_PHYS);
 }
 
+TrainerOptions FixtureTrainerOptions(const nlohmann::json& t) {
+  TrainerOptions o;
+  o.adamw.beta1 = t["beta1"];
+  o.adamw.beta2 = t["beta2"];
+  o.adamw.eps = t["eps"];
+  o.adamw.weight_decay = t["weight_decay"];
+  o.max_grad_norm = t["max_grad_norm"];
+  const std::string sched = t["schedule"];
+  // transformers' constant_with_warmup is this engine's constant (which warms up when asked to).
+  o.schedule.kind =
+      sched == "constant_with_warmup" ? LrScheduleKind::kConstant : ValueOrDie(ParseLrScheduleKind(sched));
+  o.schedule.peak_lr = t["lr"];
+  o.schedule.warmup_steps = t["warmup_steps"];
+  o.schedule.total_steps = t["steps"];
+  o.compute_dtype = c10::kFloat;
+  o.loss.chunk_tokens = 20;
+  return o;
+}
+
 }  // namespace slide::testing

@@ -10,6 +10,7 @@
 
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
+#include "engine/runtime/reference_trainer.h"
 
 namespace slide::testing {
 
@@ -28,6 +29,10 @@ struct ModelFixture {
 };
 
 const std::vector<std::string>& FixtureArchitectures();
+
+// The trainer options a fixture's training.json records (torch AdamW's hyper-parameters, clipping, the HF
+// schedule), computing in fp32 with several LM-head chunks.
+TrainerOptions FixtureTrainerOptions(const nlohmann::json& training);
 
 // max |a - b|, max |b|, and their ratio (relative to the reference's scale).
 struct TensorDiff {

@@ -14,31 +14,12 @@ namespace {
 using testing::Compare;
 using testing::ModelFixture;
 
-TrainerOptions OptionsFrom(const ModelFixture& fx) {
-  const auto& t = fx.training;
-  TrainerOptions o;
-  o.adamw.beta1 = t["beta1"];
-  o.adamw.beta2 = t["beta2"];
-  o.adamw.eps = t["eps"];
-  o.adamw.weight_decay = t["weight_decay"];
-  o.max_grad_norm = t["max_grad_norm"];
-  std::string sched = t["schedule"];
-  o.schedule.kind =
-      sched == "constant_with_warmup" ? LrScheduleKind::kConstant : testing::ValueOrDie(ParseLrScheduleKind(sched));
-  o.schedule.peak_lr = t["lr"];
-  o.schedule.warmup_steps = t["warmup_steps"];
-  o.schedule.total_steps = t["steps"];
-  o.compute_dtype = c10::kFloat;
-  o.loss.chunk_tokens = 20;
-  return o;
-}
-
 class HfTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfTraining, FiveStepTrajectoryMatchesTorchAdamW) {
   ModelFixture fx = ModelFixture::Load(GetParam());
   ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
-  ReferenceTrainer trainer(fx.config, init, OptionsFrom(fx));
+  ReferenceTrainer trainer(fx.config, init, testing::FixtureTrainerOptions(fx.training));
 
   const int64_t steps = fx.training["steps"], micro = fx.training["micro_batch"], accum = fx.training["grad_accum"];
   at::Tensor ids = fx.Ref("train.ids"), labels = fx.Ref("train.labels");
