@@ -29,7 +29,7 @@ torch::autograd::variable_list TakeScaledGradients(torch::autograd::AutogradCont
   ctx->saved_data.erase("grad_w");
   const at::Tensor& go = grad_outputs[0];
   grad_h.mul_(go);  // in place, computed in fp32 (the 0-dim upstream gradient does not round to bf16 first)
-  grad_w.mul_(go);
+  if (grad_w.defined()) grad_w.mul_(go);  // undefined for a frozen head (LoRA)
   return {grad_h, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
@@ -104,11 +104,11 @@ struct TokenChunkedLmHeadCe : public torch::autograd::Function<TokenChunkedLmHea
     const int64_t rows = TokensPerChunk(h, chunk_tokens);
     const auto f32 = h.options().dtype(at::kFloat);
     RowStats stats(n, f32);
+    // A frozen head (LoRA) needs no weight gradient: neither its GEMM nor its fp32 [V, H] sum.
+    const bool need_grad_w = weight.requires_grad();
     at::Tensor grad_h, grad_w32;
-    if (need_grad) {
-      grad_h = at::empty_like(hc);
-      grad_w32 = at::zeros(weight.sizes(), f32);
-    }
+    if (need_grad) grad_h = at::empty_like(hc);
+    if (need_grad_w) grad_w32 = at::zeros(weight.sizes(), f32);
     for (int64_t start = 0; start < n; start += rows) {
       const int64_t len = std::min(rows, n - start);
       const at::Tensor h_rows = hc.narrow(0, start, len);
@@ -118,10 +118,11 @@ struct TokenChunkedLmHeadCe : public torch::autograd::Function<TokenChunkedLmHea
       CrossEntropyChunkGrad(g, 0, t.narrow(0, start, len), vocab, stats.Lse(start, len), 1.0 / normalizer);
       at::Tensor grad_h_rows = grad_h.narrow(0, start, len);
       at::mm_out(grad_h_rows, g, weight);
-      AddMatmulFp32(grad_w32, g.t(), h_rows);
+      if (need_grad_w) AddMatmulFp32(grad_w32, g.t(), h_rows);
     }
     at::Tensor loss = stats.Loss(stats.Lse(0, n), t, vocab, normalizer);
-    if (need_grad) StashGradients(ctx, grad_h, ConvertDtype(grad_w32, weight.scalar_type()));
+    if (need_grad)
+      StashGradients(ctx, grad_h, need_grad_w ? ConvertDtype(grad_w32, weight.scalar_type()) : at::Tensor());
     return loss;
   }
 
@@ -156,15 +157,18 @@ struct VocabChunkedLmHeadCe : public torch::autograd::Function<VocabChunkedLmHea
     const at::Tensor lse = stats.Lse(0, n);
     at::Tensor loss = stats.Loss(lse, t, vocab, normalizer);
     if (need_grad) {
-      at::Tensor grad_w = at::empty_like(weight);
+      const bool need_grad_w = weight.requires_grad();  // not for a frozen head (LoRA)
+      at::Tensor grad_w = need_grad_w ? at::empty_like(weight) : at::Tensor();
       at::Tensor grad_h32 = at::zeros({n, h.size(1)}, f32);
       for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
         const int64_t len = std::min(cols, vocab - v0);
         const at::Tensor w_chunk = weight.narrow(0, v0, len);
         at::Tensor g = at::mm(hc, w_chunk.t());  // [n, len] logits, then their gradient
         CrossEntropyChunkGrad(g, v0, t, vocab, lse, 1.0 / normalizer);
-        at::Tensor grad_w_rows = grad_w.narrow(0, v0, len);
-        at::mm_out(grad_w_rows, g.t(), hc);
+        if (need_grad_w) {
+          at::Tensor grad_w_rows = grad_w.narrow(0, v0, len);
+          at::mm_out(grad_w_rows, g.t(), hc);
+        }
         AddMatmulFp32(grad_h32, g, w_chunk);
       }
       StashGradients(ctx, ConvertDtype(grad_h32, h.scalar_type()), grad_w);

@@ -45,34 +45,31 @@ StepStats LoraReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batche
     compute.push_back(m.to(options_.compute_dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true));
     grads.push_back(at::zeros_like(m));
   }
+  // The loss summed in fp32 on the device, as the sliding trainer sums it, so the two report the same value.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const MicroBatch& mb = micro_batches[k];
     const std::vector<LayerAdapter> adapters = Adapters(compute, lora_.dropout, static_cast<int64_t>(k));
     at::Tensor loss = ModelLoss(cfg_, base_, mb.input_ids.to(options_.device), mb.targets.to(options_.device),
                                 normalizer, options_.loss, &adapters);
     loss.backward();
-    stats.loss += loss.item<double>();
+    loss_sum.add_(loss.detach());
     for (size_t i = 0; i < compute.size(); ++i) {
       grads[i].add_(compute[i].grad());
       compute[i].mutable_grad().zero_();
     }
   }
 
+  stats.loss = loss_sum.item<double>();
   stats.grad_norm = ClipGradNorm(grads, options_.max_grad_norm);
   stats.lr = options_.schedule.At(step_);
   ++step_;
   stats.step = step_;
   AdamWHyper hp = options_.adamw;
   hp.lr = stats.lr;
-  for (size_t i = 0; i < master_.size(); ++i) {
-    for (const ParamSpec& spec : layout_.layers[i].params) {
-      AdamWHyper p_hp = hp;
-      if (!spec.weight_decay) p_hp.weight_decay = 0;
-      at::Tensor p = ParamView(spec, master_[i]);
-      at::Tensor m = ParamView(spec, exp_avg_[i]), v = ParamView(spec, exp_avg_sq_[i]);
-      AdamWReferenceStep(p, ParamView(spec, grads[i]), m, v, p_hp, step_);
-    }
-  }
+  // Every adapter matrix decays, so each layer's buffer takes one AdamW call (its zero padding stays zero).
+  for (size_t i = 0; i < master_.size(); ++i)
+    AdamWReferenceStep(master_[i], grads[i], exp_avg_[i], exp_avg_sq_[i], hp, step_);
   return stats;
 }
 

@@ -5,7 +5,10 @@
 
 #include <cstdint>
 
+#include <optional>
+
 #include "engine/io/state_tier.h"
+#include "engine/model/lora.h"
 #include "engine/runtime/reference_trainer.h"
 
 namespace slide {
@@ -51,6 +54,10 @@ struct SlidingOptions {
   // Measure each phase's peak device memory in every step (last_phase_memory; CUDA only). Restarts the caching
   // allocator's peak counter at each phase, so the process-wide peak it keeps is lost (benchmarks and tests).
   bool measure_phase_memory = false;
+  // Set: adapter mode. The base is frozen: the host keeps its compute-dtype weights only (no master, moments or
+  // gradients) and the device trains these LoRA adapters (AdapterStore); no resident layers (a window as deep as
+  // the model keeps every layer on the device), no NVMe tier, no streamed share, no weights-first pass.
+  std::optional<LoraOptions> adapter{};
 };
 
 // One checkpointed state array of a unit (SlidingTrainer::StateShapeOf): fp32 [numel] but for adamw_8bit's moments.

@@ -9,6 +9,7 @@
 #include <functional>
 #include <utility>
 
+#include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/device_queue.h"
 #include "engine/runtime/slot_window.h"
@@ -102,6 +103,13 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
   if (share > 0 && dtype != c10::kBFloat16) return InvalidArgument("streamed updates need bf16 compute");
   if (share > 0 && tier) return InvalidArgument("streamed updates cannot be combined with the NVMe tier");
   if (share > 0 && o.device_update_chunk < 1) return InvalidArgument("device_update_chunk must be positive");
+  if (o.adapter) {
+    if (o.resident_layers > 0 || tier || share > 0 || o.weights_first == WeightsFirst::kOn)
+      return InvalidArgument(
+          "adapter mode keeps the base frozen in host memory and slides it through the window (no resident layers, "
+          "NVMe tier, device update share or weights-first pass)");
+    if (o.train.optimizer != OptimizerKind::kAdamW) return InvalidArgument("adapters train with fp32 AdamW");
+  }
   // 8-bit moments are updated by the CPU kernel only so far: every unit's state in host memory, or its moments on
   // the NVMe tier (whole units a chunk; the master stays in host memory).
   if (o.train.optimizer == OptimizerKind::kAdamW8bit &&
@@ -126,17 +134,22 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
       meter_(opts_.trace) {
   const Status valid = ValidateSlidingOptions(opts_, layout_);
   TORCH_CHECK(valid.ok(), valid.ToString());
+  if (opts_.adapter) opts_.weights_first = WeightsFirst::kOff;  // nothing on the host is updated
   const auto dtype = opts_.train.compute_dtype;
   on_cuda_ = opts_.train.device.is_cuda();
   device_opts_ = at::TensorOptions().dtype(dtype).device(opts_.train.device);
   if (on_cuda_) LimitDeviceMemory(opts_.device_budget_bytes);
   queue_ = MakeDeviceQueue(opts_.train.device, SlotWindow::QueueSlots(opts_.window));
-  units_ = std::make_unique<UnitStore>(AdoptOrConvert(std::move(master_fp32)), opts_, *queue_, std::move(tier));
+  // Adapter mode takes the base as loaded (bf16 keeps the host at 2 bytes a parameter); the store converts it.
+  units_ = std::make_unique<UnitStore>(opts_.adapter ? std::move(master_fp32) : AdoptOrConvert(std::move(master_fp32)),
+                                       opts_, *queue_, std::move(tier));
+  if (opts_.adapter) adapters_ = std::make_unique<AdapterStore>(cfg_, *opts_.adapter, device_opts_);
   window_ = std::make_unique<SlotWindow>(cfg_, *units_, *queue_, opts_.window, device_opts_, opts_.checkpoints_on_host);
   updates_ = std::make_unique<UpdateScheduler>(*units_, *queue_, meter_, opts_, simd_);
 }
 
 SlidingTrainer::~SlidingTrainer() {
+  adapters_.reset();
   updates_.reset();
   queue_.reset();
   window_.reset();
@@ -213,8 +226,8 @@ void SlidingTrainer::WaitForUpdates() {
 Status SlidingTrainer::SyncUpdates() { return updates_->Sync(); }
 
 // Window-1 layers load ahead of the one computing, and the head loads while the last layer computes.
-at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables& rope,
-                                        std::vector<at::Tensor>* parked) {
+at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked,
+                                        int64_t micro_batch) {
   at::AutoGradMode no_grad(false);
   const int64_t L = layout_.num_layers(), W = opts_.window;
   queue_->UseSlot(window_->EdgeSlot(/*head=*/false));
@@ -229,7 +242,13 @@ at::Tensor SlidingTrainer::ForwardTrunk(const at::Tensor& ids, const RopeTables&
     const bool in_slot = window_->InSlot(i);
     if (in_slot) queue_->UseSlot(w);
     queue_->BeginCompute();
-    x = DecoderLayerForward(cfg_, layout_.layer(i), window_->LayerWeights(i), x, rope);
+    if (adapters_) {
+      const LayerAdapter adapter =
+          adapters_->Forward(i, AdapterDropout(parked != nullptr), DropoutSeed(micro_batch, i));
+      x = DecoderLayerForward(cfg_, layout_.layer(i), window_->LayerWeights(i), x, rope, &adapter);
+    } else {
+      x = DecoderLayerForward(cfg_, layout_.layer(i), window_->LayerWeights(i), x, rope);
+    }
     queue_->EndCompute();
     if (in_slot) queue_->ReleaseSlot(w);
     // Layers whose update is done load ahead into the free slots; the next layer's compute waits only for its
@@ -265,7 +284,7 @@ double SlidingTrainer::RunEval(const std::vector<MicroBatch>& micro_batches, int
   at::Tensor loss_sum = at::zeros({}, device_opts_.dtype(at::kFloat));
   for (const auto& mb : micro_batches) {
     at::Tensor ids = mb.input_ids.to(opts_.train.device);
-    at::Tensor x = ForwardTrunk(ids, window_->Rope(ids.size(1)), nullptr);
+    at::Tensor x = ForwardTrunk(ids, window_->Rope(ids.size(1)), nullptr, 0);
     queue_->UseSlot(window_->EdgeSlot(/*head=*/true));
     const at::Tensor& head = window_->Edge(true);
     loss_sum.add_(HeadLoss(cfg_, layout_.head(), head, LmHeadWeight(layout_, window_->Edge(false), head), x,
@@ -295,20 +314,30 @@ at::Tensor SlidingTrainer::HeadBackward(const at::Tensor& x, const at::Tensor& t
 // Layer i is loaded. Parked inputs come back one layer ahead of their backward; the slot the layer used reloads
 // layer i - W; the gradient lands.
 at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& parked, at::Tensor dx,
-                                         const RopeTables& rope, bool first, bool last) {
+                                         const RopeTables& rope, bool first, bool last, int64_t micro_batch) {
   const int w = window_->LayerSlot(i);
   const bool in_slot = window_->InSlot(i);
-  at::Tensor weights = window_->LayerWeights(i).detach().requires_grad_(true);
+  // Adapter mode: the base weights are frozen; the adapter's leaf takes the gradient, and layer 0's input needs none.
+  at::Tensor weights = window_->LayerWeights(i).detach().requires_grad_(!adapters_);
+  const at::Tensor adapter_leaf = adapters_ ? adapters_->Leaf(i) : at::Tensor();
   const bool from_host = window_->parks_on_host();
   if (from_host) {
     if (i == layout_.num_layers() - 1) window_->Unpark(i, parked[i]);
     if (i > 0) window_->Unpark(i - 1, parked[i - 1]);
   }
-  at::Tensor xi = (from_host ? window_->ParkedOnDevice(i, parked[i]) : parked[i]).detach().requires_grad_(true);
+  at::Tensor xi =
+      (from_host ? window_->ParkedOnDevice(i, parked[i]) : parked[i]).detach().requires_grad_(!adapters_ || i > 0);
   if (in_slot) queue_->UseSlot(w);
   if (from_host) queue_->UseSlot(window_->ParkedSlot(i));
   queue_->BeginCompute();
-  at::Tensor y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
+  at::Tensor y;
+  if (adapters_) {  // the forward's dropout masks again: the same seed
+    const LayerAdapter adapter =
+        adapters_->WithLeaf(i, adapter_leaf, AdapterDropout(true), DropoutSeed(micro_batch, i));
+    y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope, &adapter);
+  } else {
+    y = DecoderLayerForward(cfg_, layout_.layer(i), weights, xi, rope);
+  }
   y.backward(dx);
   dx.reset();  // the layer above's gradient goes back to the allocator before this one's lands
   at::Tensor dxi = xi.grad();
@@ -317,7 +346,10 @@ at::Tensor SlidingTrainer::LayerBackward(int64_t i, std::vector<at::Tensor>& par
   if (from_host) queue_->ReleaseSlot(window_->ParkedSlot(i));
   parked[i] = at::Tensor();
   if (i - opts_.window >= 0) EnsureLoaded(i - opts_.window);
-  updates_->LandGrad(1 + i, weights.grad(), first, last);
+  if (adapters_)
+    adapters_->LandGrad(i, adapter_leaf.grad());
+  else
+    updates_->LandGrad(1 + i, weights.grad(), first, last);
   return dxi;
 }
 
@@ -325,12 +357,17 @@ StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro
   CancelRingUnlessDone guard(*updates_);
   meter_.Begin();
   ScopedTimer step_timer(meter_.busy().step);
-  updates_->BeginStep(static_cast<int64_t>(micro_batches.size()));
+  // Adapter mode posts no host update: the adapters' gradient sums on the device instead.
+  if (adapters_)
+    adapters_->ZeroGrad();
+  else
+    updates_->BeginStep(static_cast<int64_t>(micro_batches.size()));
 
   StepStats stats;
   stats.valid_targets = valid_targets;
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
   const bool clip = opts_.train.max_grad_norm > 0;
+  const bool post_as_landed = !clip && !adapters_;  // each unit's update as soon as its last gradient lands
   const double lr = opts_.train.schedule.At(step_);
   const int64_t L = layout_.num_layers();
   const size_t head_unit = layout_.units.size() - 1;
@@ -347,26 +384,28 @@ StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro
 
     std::vector<at::Tensor> parked(L);
     probe.Begin();
-    at::Tensor x = ForwardTrunk(ids, rope, &parked);
+    at::Tensor x = ForwardTrunk(ids, rope, &parked, static_cast<int64_t>(mb));
     probe.End(memory.forward);
 
-    // Head: forward and backward at once (the chunked loss computes its gradients in the forward).
-    at::Tensor embed_leaf = window_->Edge(false).detach().requires_grad_(true);
-    at::Tensor head_leaf = window_->Edge(true).detach().requires_grad_(true);
+    // Head: forward and backward at once (the chunked loss computes its gradients in the forward). A frozen head
+    // (adapter mode) gives the trunk's gradient alone.
+    at::Tensor embed_leaf = window_->Edge(false).detach().requires_grad_(!adapters_);
+    at::Tensor head_leaf = window_->Edge(true).detach().requires_grad_(!adapters_);
     probe.Begin();
     at::Tensor dx = HeadBackward(x, targets, normalizer, embed_leaf, head_leaf, loss_sum);
-    updates_->LandGrad(head_unit, head_leaf.grad(), first, last);
+    if (!adapters_) updates_->LandGrad(head_unit, head_leaf.grad(), first, last);
     probe.End(memory.head);
-    if (last && !clip) updates_->PostUpdate(head_unit, lr, 1.0f, step_ + 1);
+    if (last && post_as_landed) updates_->PostUpdate(head_unit, lr, 1.0f, step_ + 1);
 
     // Backward through the layers in reverse, recomputing each from its saved input.
     for (int64_t i = L - 1; i >= 0; --i) {
       EnsureLoaded(i);
       probe.Begin();
-      dx = LayerBackward(i, parked, std::move(dx), rope, first, last);
+      dx = LayerBackward(i, parked, std::move(dx), rope, first, last, static_cast<int64_t>(mb));
       probe.End(memory.layers);
-      if (last && !clip) updates_->PostUpdate(1 + i, lr, 1.0f, step_ + 1);
+      if (last && post_as_landed) updates_->PostUpdate(1 + i, lr, 1.0f, step_ + 1);
     }
+    if (adapters_) continue;  // a frozen embedding: nothing below layer 0 to differentiate
 
     // Embedding backward; with tied weights embed_leaf already holds the LM head's share.
     probe.Begin();
@@ -376,24 +415,35 @@ StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro
     queue_->EndCompute();
     updates_->LandGrad(0, embed_leaf.grad(), first, last);
     probe.End(memory.embedding);
-    if (last && !clip) updates_->PostUpdate(0, lr, 1.0f, step_ + 1);
+    if (last && post_as_landed) updates_->PostUpdate(0, lr, 1.0f, step_ + 1);
   }
   probe.Begin();
 
-  // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
   stats.loss = loss_sum.item<double>();
-  // An update that failed during this step (this step's forward may have read its unit).
-  SLIDE_RETURN_IF_ERROR(updates_->status());
-  stats.grad_norm = std::sqrt(updates_->GlobalSqNorm());
   bool weights_first = false;
-  if (clip) {
-    // Exact clipping: every unit's update waits for the global norm; they run in forward order so the next
-    // step's forward can start as soon as the embedding and layer 0 are done.
-    const float coef = static_cast<float>(std::min(1.0, opts_.train.max_grad_norm / (stats.grad_norm + 1e-6)));
-    weights_first = updates_->PostUpdates(lr, coef, step_ + 1);
+  if (adapters_) {
+    // The adapters' global norm, clipping and AdamW, on the device; the base's weights stay as they are, so no
+    // slot reloads for the next step.
+    queue_->BeginCompute();
+    stats.grad_norm = adapters_->ClipGradNorm(opts_.train.max_grad_norm);
+    AdamWHyper hp = opts_.train.adamw;
+    hp.lr = lr;
+    adapters_->Update(hp, step_ + 1);
+    queue_->EndCompute();
+  } else {
+    // Global norm: device-side squares (no accumulation) or host-side ones once every unit has accumulated.
+    // An update that failed during this step (this step's forward may have read its unit).
+    SLIDE_RETURN_IF_ERROR(updates_->status());
+    stats.grad_norm = std::sqrt(updates_->GlobalSqNorm());
+    if (clip) {
+      // Exact clipping: every unit's update waits for the global norm; they run in forward order so the next
+      // step's forward can start as soon as the embedding and layer 0 are done.
+      const float coef = static_cast<float>(std::min(1.0, opts_.train.max_grad_norm / (stats.grad_norm + 1e-6)));
+      weights_first = updates_->PostUpdates(lr, coef, step_ + 1);
+    }
+    window_->NextWeightsVersion();
   }
   ++step_;
-  window_->NextWeightsVersion();
   stats.step = step_;
   stats.lr = lr;
   std::vector<TraceSpan> device_spans;
@@ -401,12 +451,26 @@ StatusOr<StepStats> SlidingTrainer::RunStep(const std::vector<MicroBatch>& micro
   probe.End(memory.update);
   meter_.Finish(q, std::move(device_spans));
   meter_.busy().weights_first = weights_first;
-  updates_->EndStep(step_timer.Elapsed(), q.compute, meter_.busy().cpu_update, meter_.WholeAdamWSeconds());
+  if (!adapters_)
+    updates_->EndStep(step_timer.Elapsed(), q.compute, meter_.busy().cpu_update, meter_.WholeAdamWSeconds());
   guard.Done();
   return stats;
 }
 
+double SlidingTrainer::AdapterDropout(bool training) const {
+  return training && adapters_ ? adapters_->lora().dropout : 0.0;
+}
+
+uint64_t SlidingTrainer::DropoutSeed(int64_t micro_batch, int64_t layer) const {
+  return adapters_ ? AdapterDropoutSeed(adapters_->lora().seed, step_, micro_batch, layer) : 0;
+}
+
+size_t SlidingTrainer::state_units() const {
+  return adapters_ ? static_cast<size_t>(adapters_->layers()) : layout_.units.size();
+}
+
 ModelParams SlidingTrainer::Master() {
+  TORCH_CHECK(!adapters_, "adapter mode has no master weights of the base (Adapters() has the trained state)");
   Status st = SyncUpdates();
   TORCH_CHECK(st.ok(), st.ToString());
   ModelParams out;
@@ -420,17 +484,20 @@ ModelParams SlidingTrainer::Master() {
 }
 
 StatusOr<at::Tensor> SlidingTrainer::ReadState(int kind, size_t unit) {
-  if (kind < 0 || kind > 2) return InvalidArgument("no such optimizer state");
+  if (kind < 0 || kind > 2 || unit >= state_units()) return InvalidArgument("no such optimizer state");
+  if (adapters_) return adapters_->ReadState(kind, static_cast<int64_t>(unit));
   return units_->ReadState(static_cast<StateKind>(kind), unit);
 }
 
 StatusOr<StateShape> SlidingTrainer::StateShapeOf(int kind, size_t unit) const {
-  if (kind < 0 || kind > 2 || unit >= layout_.units.size()) return InvalidArgument("no such optimizer state");
+  if (kind < 0 || kind > 2 || unit >= state_units()) return InvalidArgument("no such optimizer state");
+  if (adapters_) return StateShape{.dtype = c10::kFloat, .numel = adapters_->layout().layers[unit].numel};
   return units_->StateShapeOf(static_cast<StateKind>(kind), unit);
 }
 
 Status SlidingTrainer::WriteState(int kind, size_t unit, const at::Tensor& src) {
-  if (kind < 0 || kind > 2) return InvalidArgument("no such optimizer state");
+  if (kind < 0 || kind > 2 || unit >= state_units()) return InvalidArgument("no such optimizer state");
+  if (adapters_) return adapters_->WriteState(kind, static_cast<int64_t>(unit), src);
   return units_->WriteState(static_cast<StateKind>(kind), unit, src);
 }
 

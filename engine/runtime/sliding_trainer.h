@@ -35,6 +35,7 @@ struct ResolvedTrainer;  // trainer_resolver.h
 
 // INVALID_ARGUMENT naming what the options contradict (dtype, window, resident layers, tier, streamed share).
 Status ValidateSlidingOptions(const SlidingOptions& options, const ModelLayout& layout);
+class AdapterStore;
 class DeviceQueue;
 class SlotWindow;
 class StateTier;
@@ -73,8 +74,13 @@ class SlidingTrainer {
   // Mean token loss over `micro_batches` with the current weights (forward only, sliding like a step).
   StatusOr<double> EvalLoss(const std::vector<MicroBatch>& micro_batches);
 
-  // The fp32 master after every posted update has finished (a copy).
+  // The fp32 master after every posted update has finished (a copy). Not in adapter mode.
   ModelParams Master();
+  // Adapter mode (options.adapter): the adapters on the device; null otherwise.
+  const AdapterStore* adapters() const { return adapters_.get(); }
+  // The units whose state a checkpoint holds: the model's units, or in adapter mode each layer's adapter (their
+  // state fp32, read as a copy from the device).
+  size_t state_units() const;
   // The optimizer state, for checkpoints: `kind` 0 master, 1 exp_avg, 2 exp_avg_sq of `unit`, StateShapeOf
   // (fp32 [numel], the moments of adamw_8bit bytes laid out by MomentLayout). Call SyncUpdates first. Reading gives the
   // host buffer itself when resident (do not keep it across a step), a copy read from disk when on the NVMe tier. After
@@ -115,14 +121,20 @@ class SlidingTrainer {
   StatusOr<StepStats> RunStep(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets);
   double RunEval(const std::vector<MicroBatch>& micro_batches, int64_t valid_targets);
   // Embedding and layers without autograd, keeping each layer's input in `parked` when given.
-  at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked);
+  // Adapter mode: dropout in a step's forward (parked given), the masks of `micro_batch` of this step.
+  at::Tensor ForwardTrunk(const at::Tensor& ids, const RopeTables& rope, std::vector<at::Tensor>* parked,
+                          int64_t micro_batch);
   // The head's loss forward and backward at once; returns the gradient of the trunk's output.
   at::Tensor HeadBackward(const at::Tensor& x, const at::Tensor& targets, double normalizer,
                           const at::Tensor& embed_leaf, const at::Tensor& head_leaf, at::Tensor& loss_sum);
   // Layer `layer`'s recompute and backward from its parked input (its weights loaded); lands its gradient and
   // returns the gradient of its input.
   at::Tensor LayerBackward(int64_t layer, std::vector<at::Tensor>& parked, at::Tensor dx, const RopeTables& rope,
-                           bool first, bool last);
+                           bool first, bool last, int64_t micro_batch);
+  // Adapter mode: the dropout a forward applies (none outside training steps) and its masks' seed, as the LoRA
+  // reference trainer draws them.
+  double AdapterDropout(bool training) const;
+  uint64_t DropoutSeed(int64_t micro_batch, int64_t layer) const;
   void EnsureLoaded(int64_t layer);  // issue the load of `layer` into its slot unless it is there
   void Prefetch(int64_t layer);      // the same, only when its update has finished (never waits)
   void LoadEdgeUnit(bool head);      // the embedding or the head buffer
@@ -140,6 +152,7 @@ class SlidingTrainer {
   std::unique_ptr<UnitStore> units_;
   std::unique_ptr<SlotWindow> window_;
   std::unique_ptr<UpdateScheduler> updates_;
+  std::unique_ptr<AdapterStore> adapters_;  // adapter mode only
   int64_t step_ = 0;
   int64_t slot_loads_ = 0;
   int64_t planned_tokens_ = 0;  // micro-batch tokens the memory plan allows (0: unplanned)

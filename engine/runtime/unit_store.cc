@@ -55,6 +55,27 @@ StateTierOptions TierOptionsFor(const ModelLayout& layout, const SlidingOptions&
   return tier;
 }
 
+// Adapter mode: each unit's weights, converted to the compute dtype one unit at a time (page-locked where a device
+// copies from them), the loaded copy released as it goes; on the CPU an fp32 model computing in fp32 is adopted.
+void UnitStore::StoreFrozen(ModelParams&& loaded_params) {
+  const auto dtype = options_.train.compute_dtype;
+  const bool on_cuda = options_.train.device.is_cuda();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    at::Tensor& loaded = loaded_params.units[u];
+    unit.placement = Placement::kFrozen;
+    moments_.emplace_back(OptimizerKind::kAdamW, layout_.units[u]);
+    TORCH_CHECK(loaded.numel() == layout_.units[u].numel, "unit ", u, "'s weights do not match its layout");
+    if (!on_cuda && loaded.scalar_type() == dtype && loaded.is_cpu() && loaded.is_contiguous()) {
+      unit.staging = loaded;
+    } else {
+      unit.staging = queue_.AllocateHost(layout_.units[u].numel, dtype);
+      unit.staging.copy_(loaded);
+    }
+    loaded = at::Tensor();
+  }
+}
+
 StatusOr<std::unique_ptr<StateTier>> UnitStore::OpenTier(const ModelLayout& layout, const SlidingOptions& options) {
   if (options.nvme.mode == TierMode::kNone) return std::unique_ptr<StateTier>();
   SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> index, TierUnitIndex(layout.num_layers(), options.nvme));
@@ -83,8 +104,12 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   TORCH_CHECK(!tier_ || static_cast<int64_t>(tier_->units()) ==
                             std::count_if(tier_index.begin(), tier_index.end(), [](int64_t i) { return i >= 0; }),
               "the NVMe tier given was opened for other units than options.nvme names");
-  const std::vector<Placement> placement = Placements(layout_, options, tier_index);
   units_.resize(layout_.units.size());
+  if (options.adapter) {
+    StoreFrozen(std::move(master_fp32));
+    return;
+  }
+  const std::vector<Placement> placement = Placements(layout_, options, tier_index);
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].placement = placement[u];
     units_[u].tier_index = tier_index.empty() ? -1 : tier_index[u];

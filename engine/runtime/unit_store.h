@@ -5,6 +5,7 @@
 //   streamed  a host unit whose state is page-locked so that whole-update steps can stream it through the
 //             device's AdamW (device_update_share); a weights-first step updates it on the CPU like the others
 //   tier      the moments (and the master, when the tier holds it) on the NVMe tier, read ahead per update
+//   frozen    adapter mode (SlidingOptions::adapter): the compute-dtype weights alone, never updated
 // Every non-resident unit has a staging buffer: the compute-dtype weights the forward loads (the master itself
 // for fp32 compute on the CPU). The store allocates; it does not schedule (UpdateScheduler) or move weights to the
 // device (SlotWindow).
@@ -26,7 +27,7 @@ namespace slide {
 
 class DeviceQueue;
 
-enum class Placement { kResident, kHost, kStreamed, kTier };
+enum class Placement { kResident, kHost, kStreamed, kTier, kFrozen };
 
 // The NVMe tier a store opens for `options` (mode none: unused). A tiered unit's arrays are its moments' buffers
 // (MomentLayout) in 4-byte words, and the master's numel when the tier holds it. With adamw_8bit a unit's moments
@@ -106,6 +107,7 @@ class UnitStore {
 
  private:
   at::Tensor* HostState(StateKind kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
+  void StoreFrozen(ModelParams&& loaded);
 
   ModelLayout layout_;
   const SlidingOptions& options_;

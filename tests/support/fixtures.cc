@@ -1,5 +1,7 @@
 #include "tests/support/fixtures.h"
 
+#include "engine/model/hf_checkpoint.h"
+
 #include <ATen/ATen.h>
 
 #include <ftw.h>
@@ -76,6 +78,28 @@ TrainerOptions FixtureTrainerOptions(const nlohmann::json& t) {
   o.compute_dtype = c10::kFloat;
   o.loss.chunk_tokens = 20;
   return o;
+}
+
+std::vector<MicroBatch> RandomMicroBatches(uint64_t seed, int64_t accum, int64_t vocab, c10::Device device) {
+  at::manual_seed(seed);
+  std::vector<MicroBatch> mbs;
+  for (int64_t m = 0; m < accum; ++m) {
+    at::Tensor ids = at::randint(0, vocab, {2, 16}, at::kLong);
+    at::Tensor labels = ids.clone();
+    labels.narrow(1, 0, 2 + m).fill_(-100);
+    mbs.push_back({ids.to(device), ShiftLabels(labels).to(device)});
+  }
+  return mbs;
+}
+
+ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t layers) {
+  ModelParams init = ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
+  cfg->num_layers = layers;
+  ModelParams params = ZeroParams(BuildModelLayout(*cfg), at::TensorOptions().dtype(at::kFloat));
+  params.units.front().copy_(init.units.front());
+  params.units.back().copy_(init.units.back());
+  for (int64_t i = 0; i < layers; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
+  return params;
 }
 
 }  // namespace slide::testing

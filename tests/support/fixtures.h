@@ -34,6 +34,14 @@ const std::vector<std::string>& FixtureArchitectures();
 // schedule), computing in fp32 with several LM-head chunks.
 TrainerOptions FixtureTrainerOptions(const nlohmann::json& training);
 
+// `accum` micro-batches of 2 random rows of 16 tokens drawn after at::manual_seed(seed), micro-batch m with its first
+// 2 + m targets masked (different valid counts per micro-batch).
+std::vector<MicroBatch> RandomMicroBatches(uint64_t seed, int64_t accum, int64_t vocab, c10::Device device);
+
+// The fixture's two layers repeated to `layers` (scaled copies, so no two are alike) and `cfg` changed to match:
+// windows of 1-2 slots are then smaller than the model.
+ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t layers);
+
 // max |a - b|, max |b|, and their ratio (relative to the reference's scale).
 struct TensorDiff {
   double max_abs = 0;

@@ -37,15 +37,7 @@ TrainerOptions Options(c10::ScalarType dtype, double max_grad_norm, c10::Device 
 }
 
 std::vector<MicroBatch> Batch(int64_t step, int64_t accum, int64_t vocab, c10::Device device) {
-  at::manual_seed(1000 + step);
-  std::vector<MicroBatch> mbs;
-  for (int64_t m = 0; m < accum; ++m) {
-    at::Tensor ids = at::randint(0, vocab, {2, 16}, at::kLong);
-    at::Tensor labels = ids.clone();
-    labels.narrow(1, 0, 2 + m).fill_(-100);  // different masked counts per micro-batch
-    mbs.push_back({ids.to(device), ShiftLabels(labels).to(device)});
-  }
-  return mbs;
+  return testing::RandomMicroBatches(1000 + step, accum, vocab, device);
 }
 
 // One step of `a` and of `b` on step `step`'s batch (CPU): the same loss and gradient norm, bit for bit.
@@ -85,16 +77,7 @@ StateTierOptions SmallTier(TierMode mode, const ScratchDir& dir, const std::stri
   return o;
 }
 
-// The fixture's two layers repeated to `layers` (scaled copies), so windows of 1-2 slots are smaller than the model.
-ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t layers) {
-  ModelParams init = testing::ValueOrDie(LoadHfCheckpoint(fx.dir, fx.config, c10::kFloat));
-  cfg->num_layers = layers;
-  ModelParams params = ZeroParams(BuildModelLayout(*cfg), at::TensorOptions().dtype(at::kFloat));
-  params.units.front().copy_(init.units.front());
-  params.units.back().copy_(init.units.back());
-  for (int64_t i = 0; i < layers; ++i) params.units[1 + i].copy_(init.units[1 + i % 2] * (1.0 + 0.05 * i));
-  return params;
-}
+using testing::RepeatedLayers;
 
 // `host` and `other` trained alike: every optimizer array is bit-equal; then a trainer built with `options` and
 // given `host`'s state through WriteState (a checkpoint restore) trains on exactly as `host` does.
