@@ -65,10 +65,11 @@ inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
 
 // The matrices are drawn in pieces of 4M values, each from its own generator (seeded by its index) on the
 // process's thread pool: drawn in one stream, 8B's took ~80 s of every benchmark run's start on the GPU box.
-inline ModelParams RandomLlamaParams(const ModelConfig& cfg) {
+// `dtype` bf16 draws the values in bf16 directly (a frozen base for LoRA: no fp32 copy of a 30B model on the host).
+inline ModelParams RandomLlamaParams(const ModelConfig& cfg, c10::ScalarType dtype = at::kFloat) {
   constexpr int64_t kPiece = int64_t(1) << 22;
   ModelLayout layout = BuildModelLayout(cfg);
-  ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(at::kFloat));
+  ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(dtype));
   std::vector<at::Tensor> pieces;
   for (size_t u = 0; u < layout.units.size(); ++u)
     for (const auto& p : layout.units[u].params) {

@@ -11,6 +11,9 @@
 #   bench/run_gpu.sh largest     the deepest llama-8b@LAYERS model trained on this box without and with the NVMe tier,
 #                                sized from the memory plan (--plan-only) against free memory and disk; with
 #                                LARGEST_OPTIMIZER=adamw_8bit the 8-bit moments (the tier then holds moments only)
+#   bench/run_gpu.sh lora [32b]  LoRA (adapter mode): builds, the GPU tests, then sliding_bench --lora-r 16 against
+#                                Hugging Face PEFT (bench/peers/peer_train.py peft; wheels from .peer-wheels) at 8B
+#                                batch 8 and 32; with 32b, the Qwen2.5-32B-shaped model (bench/shapes/) instead
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -109,6 +112,26 @@ case "$phase" in
       SLIDE_LOAD_PACE_MS=100 build-gpu/tests/daemon_tests --gtest_filter='DaemonState.Fifty*' \
       > "$OUT/daemon_load_1b.log" 2>&1
     grep -E 'LOAD|OK|FAILED|Failure' "$OUT/daemon_load_1b.log" | head ;;
+  lora)
+    if [ "${2:-}" = 32b ]; then
+      [ -x build-gpu/bench/sliding_bench ] || build_gpu sliding_bench
+      for b in ${LORA_32B_BATCHES:-8}; do
+        run 540 build-gpu/bench/sliding_bench bench/shapes/qwen2.5-32b "$b" --lora-r 16 --steps 3 --warmup-steps 2
+        echo "32b batch $b done after $((SECONDS - start)) s"
+      done
+    else
+      build_gpu model_tests engine_tests parity_tests sliding_bench
+      echo "build ok after $((SECONDS - start)) s"
+      gpu_tests "${GPU_TESTS_S:-200}"
+      python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
+        > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
+      for b in ${LORA_BATCHES:-8 32}; do
+        run 200 build-gpu/bench/sliding_bench llama-8b "$b" --lora-r 16 --steps 3 --warmup-steps 2
+        echo "ours 8b batch $b done after $((SECONDS - start)) s"
+        PYTHONPATH=/tmp/peft-site run 240 python3 bench/peers/peer_train.py peft llama-8b "$b"
+        echo "peft 8b batch $b done after $((SECONDS - start)) s"
+      done
+    fi ;;
   largest)
     # Batch 8, one timed step. LARGEST_OVERHEAD_GB (default 5): what the CUDA context and libraries take beside the
     # plan's host total (within 1 GiB of the host peak measured at 8B).

@@ -22,6 +22,7 @@
 #include "engine/memory/host_array.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/config.h"
+#include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
 #include "engine/runtime/trainer_resolver.h"
@@ -48,6 +49,10 @@ struct Flags {
   int nvme_buffers = 6, nvme_queue_depth = 32, nvme_threads = 2;
   bool huge_pages = true, phase_memory = false, plan_only = false, kernels = true;
   std::string trace_out;
+  // LoRA (adapter mode) when lora_r > 0: alpha 0 means 2r; targets comma-separated (PEFT's module names).
+  int64_t lora_r = 0;
+  double lora_alpha = 0, lora_dropout = 0;
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
 };
 
 int Fail(const std::string& what) {
@@ -109,6 +114,11 @@ int main(int argc, char** argv) {
   app.add_flag("--phase-memory", f.phase_memory, "each phase's peak device memory beside the plan (second line)");
   app.add_flag("--plan-only", f.plan_only, "print the plan's totals as one JSON line; allocate nothing");
   app.add_option("--trace-out", f.trace_out, "the last step's timeline as Chrome trace JSON");
+  app.add_option("--lora-r", f.lora_r, "LoRA rank: train adapters over a frozen bf16 base (0: full fine-tuning)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--lora-alpha", f.lora_alpha, "LoRA alpha (0: twice the rank)");
+  app.add_option("--lora-dropout", f.lora_dropout, "LoRA dropout")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--lora-targets", f.lora_targets, "LoRA target modules, comma-separated");
   CLI11_PARSE(app, argc, argv);
 
   auto shaped = Shape(f.shape);
@@ -147,10 +157,27 @@ int main(int argc, char** argv) {
   asked.host_huge_pages = f.huge_pages;
   // The allocator's peak restarts at each phase: peak_allocated is then the largest phase's.
   asked.measure_phase_memory = f.phase_memory;
+  if (f.lora_r > 0) {
+    LoraOptions lora;
+    lora.r = f.lora_r;
+    lora.alpha = f.lora_alpha > 0 ? f.lora_alpha : 2.0 * double(f.lora_r);
+    lora.dropout = f.lora_dropout;
+    lora.target_modules.clear();
+    for (size_t b = 0; b <= f.lora_targets.size();) {
+      const size_t e = std::min(f.lora_targets.find(',', b), f.lora_targets.size());
+      if (e > b) lora.target_modules.push_back(f.lora_targets.substr(b, e - b));
+      b = e + 1;
+    }
+    if (Status st = ValidateLoraOptions(lora, cfg); !st.ok()) return Fail(st.ToString());
+    asked.adapter = lora;
+    asked.device_update_share = 0;
+    asked.weights_first = WeightsFirst::kOff;
+  }
   PlanRequest budget;
   budget.micro_batch = f.batch;
   budget.seq_len = f.seq;
   budget.window = f.window;
+  if (f.lora_r > 0 && app.count("--window") == 0) budget.window = 0;  // slots hold the frozen base: the widest fit
   budget.checkpoints = f.checkpoints == "host"     ? CheckpointPlacement::kHost
                        : f.checkpoints == "device" ? CheckpointPlacement::kDevice
                                                    : CheckpointPlacement::kAuto;
@@ -185,7 +212,8 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  auto made = SlidingTrainer::Create(cfg, bench::RandomLlamaParams(cfg), *resolved);
+  auto made = SlidingTrainer::Create(
+      cfg, bench::RandomLlamaParams(cfg, asked.adapter ? asked.train.compute_dtype : at::kFloat), *resolved);
   if (!made.ok()) return Fail(made.status().ToString());
   SlidingTrainer& trainer = **made;
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
@@ -260,6 +288,10 @@ int main(int argc, char** argv) {
   const double secs = sum.step, steps = f.steps;
   const double tokens = double(f.batch) * double(f.seq) * steps;
   const double n = double(cfg.TotalParamCount());
+  const double trainable = trainer.adapters() ? double(trainer.adapters()->layout().TrainableParams()) : n;
+  // Model FLOPs a token: 6N for full fine-tuning (forward 2N, backward 4N); a frozen base skips its weight gradients
+  // (forward 2N, input gradients 2N) and the adapters add their own 6 per trainable parameter.
+  const double flops_per_token = trainer.adapters() ? 4.0 * n + 6.0 * trainable : 6.0 * n;
   // attention: 2 matmuls (QK^T, PV) of 2*S*S*d per layer forward, causal halves it, x3 for fwd+bwd.
   const double attn =
       3.0 * 2.0 * 2.0 * cfg.num_layers * double(f.seq) * double(f.seq) * cfg.q_dim() / 2.0 * double(f.batch) * steps;
@@ -292,7 +324,10 @@ int main(int argc, char** argv) {
       {"warmup_steps", warmup},
       {"device", f.device},
       {"tokens_per_s", tokens / secs},
-      {"model_tflops", (6.0 * n * tokens + attn) / secs / 1e12},
+      {"model_tflops", (flops_per_token * tokens + attn) / secs / 1e12},
+      {"mode", trainer.adapters() ? "lora" : "full"},
+      {"lora_r", f.lora_r},
+      {"trainable_params", trainable},
       {"step_s", secs / steps},
       {"wall_s_incl_last_update_drain", wall_with_drain},
       {"peak_gpu_bytes", after_last.peak_reserved_bytes},

@@ -11,6 +11,10 @@
                       offloading trainer matches when its transfers and updates are fully hidden
           deepspeed   DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (ZeRO-Offload, DeepSpeed's
                       CPU Adam), bf16, checkpointing
+          peft        Hugging Face PEFT LoRA (r 16, alpha 32, no dropout, every attention and MLP projection) over a
+                      bf16 base on the GPU, adapters in fp32 (PEFT's default), bf16 autocast, activation
+                      checkpointing, fused AdamW over the adapters; model FLOPs 4 per frozen and 6 per trainable
+                      parameter (no weight gradient for the base), as sliding_bench --lora-r counts them
     SHAPE llama-1b | llama-3b | llama-8b (the shapes of bench/llama_shapes.h: vocab 128256), optionally @LAYERS
           for that shape at another depth (llama-8b@48: 11.5B parameters), as the largest-model ladder uses
 
@@ -145,6 +149,29 @@ def run_deepspeed(shape, batch, seq, steps):
     return engine, step
 
 
+def run_peft(shape, batch, seq, steps):
+    import peft
+
+    model = build_model(shape, torch.bfloat16, "cuda")
+    config = peft.LoraConfig(task_type="CAUSAL_LM", r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
+                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"])
+    model = peft.get_peft_model(model, config)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+    def step(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
 def phase(name):
     print(json.dumps({"phase": name}), flush=True)
 
@@ -164,7 +191,12 @@ def main():
             import deepspeed
 
             out["deepspeed"] = deepspeed.__version__
-        setup = {"plain": run_plain, "fwdbwd": run_fwdbwd, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed}[mode]
+        if mode == "peft":
+            import peft
+
+            out["peft"] = peft.__version__
+        setup = {"plain": run_plain, "fwdbwd": run_fwdbwd, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed,
+                 "peft": run_peft}[mode]
         t_setup = time.time()
         phase("setup")
         model, step = setup(shape, batch, seq, steps)
@@ -183,8 +215,11 @@ def main():
         secs = (time.time() - t0) / steps
         tokens = batch * seq
         attn = 3.0 * 2.0 * 2.0 * layers * seq * seq * h / 2.0 * batch
-        out.update({"params": n, "tokens_per_s": round(tokens / secs, 1), "step_s": round(secs, 3),
-                    "model_tflops": round((6.0 * n * tokens + attn) / secs / 1e12, 2), "loss": loss.item(),
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if mode == "peft" else n
+        flops_per_token = 4.0 * (n - trainable) + 6.0 * trainable if mode == "peft" else 6.0 * n
+        out.update({"params": n, "trainable_params": trainable, "tokens_per_s": round(tokens / secs, 1),
+                    "step_s": round(secs, 3),
+                    "model_tflops": round((flops_per_token * tokens + attn) / secs / 1e12, 2), "loss": loss.item(),
                     "peak_gpu_bytes": torch.cuda.max_memory_reserved(),
                     "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     except Exception as e:  # out of memory, a missing package: reported, not hidden

@@ -35,17 +35,25 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.resident_layers = resident;
   p.resident_bytes = resident * s.max_layer * ResidentBytesPerParam(r);
   p.streamed_ring_bytes = r.streamed_ring_bytes;
+  const bool adapter = r.adapter_numel > 0;
+  p.adapter_bytes = adapter ? r.adapter_numel * (16 + (e == 4 ? 0 : e)) : 0;
 
   // Head phase: one chunk of logits (compute dtype, fp32, and the fp32->compute gradient copy), the fp32 and
   // compute-dtype LM-head gradient, the normed hidden states in fp32 and their gradient.
   const int64_t chunk = std::min(r.lm_head_chunk_tokens, s.tokens);
   const int64_t lm = m.vocab_size * m.hidden_size;
-  const int64_t head_phase = chunk * m.vocab_size * (e + 4 + e) + lm * (4 + e) + s.tokens * s.hidden * (4 + e) +
-                             (m.tie_word_embeddings ? 0 : s.embed * e);
+  // A frozen head (adapter mode) has no LM-head gradient.
+  const int64_t head_phase = chunk * m.vocab_size * (e + 4 + e) + (adapter ? 0 : lm * (4 + e)) +
+                             s.tokens * s.hidden * (4 + e) + (m.tie_word_embeddings || adapter ? 0 : s.embed * e);
   // Layer phase: tensors autograd keeps for one layer's backward (norm outputs, q/k/v, attention output,
   // projections, gate/up/activation/product) plus as many temporaries during backward, and the layer gradient.
   const int64_t per_token = 5 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim() + 4 * m.intermediate_size;
-  const int64_t layer_phase = 2 * s.tokens * per_token * e + s.max_layer * e + 2 * s.tokens * s.hidden * e;
+  // Adapter mode: no layer gradient, but with dropout each targeted projection's masked input (at most every
+  // projection's: 3 of the hidden size for q, k and v, o's q_dim, 2 more for gate and up, down's intermediate size)
+  // and its mask.
+  const int64_t dropout_per_token = 2 * (5 * m.hidden_size + m.q_dim() + m.intermediate_size);
+  const int64_t layer_phase = 2 * s.tokens * per_token * e + (adapter ? 0 : s.max_layer * e) +
+                              2 * s.tokens * s.hidden * e + (r.adapter_dropout ? s.tokens * dropout_per_token * e : 0);
   // Forward phase: a layer's activations without autograd beside the kept inputs (0.78-0.84 of this per-token
   // count measured on one H100 box, ad69f40, bench/results/2026-12-06-h100-phase-memory.jsonl).
   const int64_t forward_phase = s.tokens * per_token * e;
@@ -53,7 +61,7 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   // already held when the weights are tied; the gradient flowing in, the recomputed output, and the incoming
   // gradient in fp32.
   const int64_t embed_phase =
-      s.embed * (4 + e) + (m.tie_word_embeddings ? lm * e : 0) + s.tokens * s.hidden * (2 * e + 4);
+      adapter ? 0 : s.embed * (4 + e) + (m.tie_word_embeddings ? lm * e : 0) + s.tokens * s.hidden * (2 * e + 4);
   // Every phase also holds small tensors the terms above leave out: the rotary tables (fp32 cos and sin), token ids,
   // targets and index workspaces, and a MiB for losses, norms and the allocator's rounding of each block.
   const int64_t small_tensors = 2 * r.seq_len * m.head_dim * 4 + s.tokens * 32 + (int64_t(1) << 20);
@@ -63,7 +71,7 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.embed_phase_bytes = embed_phase + small_tensors;
   p.peak_work_bytes = std::max({p.forward_phase_bytes, p.head_phase_bytes, p.layer_phase_bytes, p.embed_phase_bytes});
   p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
-                   p.resident_bytes + p.streamed_ring_bytes;
+                   p.resident_bytes + p.streamed_ring_bytes + p.adapter_bytes;
   return p;
 }
 
@@ -108,6 +116,9 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   if (r.resident_layers < -1 || r.resident_layers > s.layers)
     return InvalidArgument("resident layers must be -1 (as many as fit) or between 0 and the layer count (" +
                            std::to_string(s.layers) + ")");
+  const bool adapter = r.adapter_numel > 0;
+  if (adapter && (r.resident_layers > 0 || r.moments_on_nvme || r.streamed_ring_bytes > 0))
+    return InvalidArgument("adapter mode has no resident layers, NVMe tier or streamed updates");
   if (r.resident_layers > 0 && r.moments_on_nvme)
     return InvalidArgument("resident layers keep their optimizer state on the device: not with the NVMe tier");
   // The units whose state the tier holds, by the tier's own rule (a count outside the model is refused there).
@@ -115,7 +126,7 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   tier.mode = r.moments_on_nvme ? TierMode::kMoments : TierMode::kNone;
   tier.layers = r.nvme_layers;
   SLIDE_ASSIGN_OR_RETURN(const std::vector<int64_t> tier_index, TierUnitIndex(s.layers, tier));
-  const bool auto_resident = r.resident_layers == -1 && !r.moments_on_nvme;
+  const bool auto_resident = r.resident_layers == -1 && !r.moments_on_nvme && !adapter;
   const int64_t fixed_resident = std::max<int64_t>(r.resident_layers, 0);
 
   // Prefer: the whole model resident, then the most slots that fit, checkpoints on the device before the host.
@@ -163,11 +174,12 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   int64_t tiered = 0;  // elements whose optimizer state is on the NVMe tier
   for (size_t u = 0; u < tier_index.size(); ++u)
     if (tier_index[u] >= 0) tiered += layout.units[u].numel;
-  best.master_bytes = 4 * (n - (r.master_on_nvme ? tiered : 0));
+  best.master_bytes = adapter ? 0 : 4 * (n - (r.master_on_nvme ? tiered : 0));
   std::vector<bool> host_moments(layout.units.size(), true);  // units whose moments the host holds
   for (size_t u = 0; u < layout.units.size(); ++u)
     host_moments[u] =
         !(u >= 1 && static_cast<int64_t>(u) <= best.resident_layers) && (tier_index.empty() || tier_index[u] < 0);
+  if (adapter) std::fill(host_moments.begin(), host_moments.end(), false);
   best.moments_bytes = MomentBytes(r.optimizer, layout, host_moments);
   best.optimizer = r.optimizer;
   best.params = r.model.TotalParamCount();
@@ -177,12 +189,12 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   best.nvme_bytes = MomentBytes(r.optimizer, layout, tier_moments) + (r.master_on_nvme ? 4 * tiered : 0);
   best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;
   best.staging_bytes = e * n;
-  best.grad_bytes = r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
+  best.grad_bytes = adapter ? 0 : r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
   int64_t ring_layers = 0;  // layers that may go weights first: on the host, outside the tier
   for (int64_t i = best.resident_layers; i < s.layers; ++i)
     ring_layers += tier_index.empty() || tier_index[1 + i] < 0 ? 1 : 0;  // empty: no tier
-  const bool ring = r.weights_first && r.compute_dtype == c10::kBFloat16 && ring_layers > 0;
+  const bool ring = r.weights_first && r.compute_dtype == c10::kBFloat16 && ring_layers > 0 && !adapter;
   best.weight_ring_bytes = ring ? (best.window + 1) * s.max_layer * e : 0;
   best.host_total = best.master_bytes + best.moments_bytes + best.staging_bytes + best.grad_bytes +
                     best.host_checkpoint_bytes + best.nvme_ring_bytes + best.weight_ring_bytes;
@@ -219,13 +231,18 @@ std::string MemoryPlan::ToString() const {
   row("layer inputs", checkpoint_bytes);
   if (streamed_ring_bytes > 0) row("streamed-update ring", streamed_ring_bytes);
   if (resident_layers > 0) row(("resident layers (" + std::to_string(resident_layers) + ")").c_str(), resident_bytes);
+  if (adapter_bytes > 0) row("LoRA adapters (fp32 + AdamW)", adapter_bytes);
   row("largest transient phase", peak_work_bytes);
   row("reserved (context, workspaces)", reserved_bytes);
   row("total", device_total);
   out += "host\n";
-  row("fp32 master weights", master_bytes);
-  row(optimizer == OptimizerKind::kAdamW ? "AdamW moments (fp32)" : "AdamW moments (8-bit)", moments_bytes);
-  row("compute-dtype staging", staging_bytes);
+  if (adapter_bytes > 0) {  // adapter mode: the frozen base alone
+    row("frozen base weights", staging_bytes);
+  } else {
+    row("fp32 master weights", master_bytes);
+    row(optimizer == OptimizerKind::kAdamW ? "AdamW moments (fp32)" : "AdamW moments (8-bit)", moments_bytes);
+    row("compute-dtype staging", staging_bytes);
+  }
   row("gradient buffers", grad_bytes);
   row("layer inputs", host_checkpoint_bytes);
   if (nvme_bytes > 0) row("NVMe tier ring buffers", nvme_ring_bytes);

@@ -46,6 +46,12 @@ struct PlanRequest {
   bool weights_first = false;
   // How the host keeps the AdamW moments: fp32 (8 bytes a parameter) or adamw_8bit (about 2 + 2/256 * 4).
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  // > 0: adapter mode (SlidingOptions::adapter) with this many adapter elements (AdapterLayout::TotalNumel). The
+  // base is frozen: the host holds its compute-dtype weights only, the device the adapters' fp32 master, moments,
+  // gradient and compute copy; no embedding or LM-head gradient; slots are the base's only residency, so the
+  // window is the widest that fits.
+  int64_t adapter_numel = 0;
+  bool adapter_dropout = false;  // the masked copies of each targeted projection's input live through the backward
 };
 
 struct MemoryPlan {
@@ -58,6 +64,7 @@ struct MemoryPlan {
   int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;
+  int64_t adapter_bytes = 0;    // adapter mode: the adapters' master, moments, gradient and compute copy
   int64_t peak_work_bytes = 0;  // the largest transient phase (forward, head, a layer's backward, embedding)
   // Each phase's transient, above the resident buffers and the kept layer inputs (the embedding's: above the
   // resident buffers and, when parked, the two device buffers the inputs come back into).

@@ -22,6 +22,14 @@ StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions 
     r.resident_layers = 0;
     requested.device_update_share = 0;
   }
+  if (requested.adapter) {  // a frozen base: nothing resident, streamed or weights first (ValidateSlidingOptions)
+    r.adapter_numel = BuildAdapterLayout(cfg, *requested.adapter).TotalNumel();
+    r.adapter_dropout = requested.adapter->dropout > 0;
+    r.resident_layers = 0;
+    r.weights_first = false;
+    requested.device_update_share = 0;
+    requested.weights_first = WeightsFirst::kOff;
+  }
   r.streamed_ring_bytes = requested.DeviceUpdateRingBytes();  // after the optimizer's say on the share
 
   SLIDE_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(r));

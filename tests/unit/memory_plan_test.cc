@@ -344,3 +344,42 @@ TEST(MemoryPlan, RejectsBadRequests) {
 
 }  // namespace
 }  // namespace slide
+
+namespace slide {
+namespace {
+
+// Adapter mode (LoRA over a frozen base): the host holds 2 bytes a parameter (the bf16 base) and nothing else but
+// parked layer inputs; the device holds the adapters' state and as many base layers as fit (the widest window).
+TEST(MemoryPlan, AdapterModeHoldsTheFrozenBaseAlone) {
+  PlanRequest full = Request8B(24);
+  full.resident_layers = 0;
+  PlanRequest lora = full;
+  LoraOptions options;  // r 16 on every projection: 42M adapter parameters at 8B
+  lora.adapter_numel = BuildAdapterLayout(full.model, options).TotalNumel();
+  MemoryPlan p = testing::ValueOrDie(PlanMemory(lora));
+  MemoryPlan f = testing::ValueOrDie(PlanMemory(full));
+  const int64_t params = full.model.TotalParamCount();
+  EXPECT_EQ(p.master_bytes, 0);
+  EXPECT_EQ(p.moments_bytes, 0);
+  EXPECT_EQ(p.grad_bytes, 0);
+  EXPECT_EQ(p.weight_ring_bytes, 0);
+  EXPECT_EQ(p.staging_bytes, 2 * BuildModelLayout(full.model).TotalNumel());
+  EXPECT_LT(double(p.host_total - p.host_checkpoint_bytes) / double(params), 2.01);
+  EXPECT_EQ(p.adapter_bytes, lora.adapter_numel * 18);
+  // No LM-head or embedding gradient: the transient phases are smaller, so at least as many slots fit.
+  EXPECT_LT(p.head_phase_bytes, f.head_phase_bytes);
+  EXPECT_LT(p.embed_phase_bytes, f.embed_phase_bytes);
+  EXPECT_GE(p.window, f.window);
+  EXPECT_LE(p.device_total, full.device_budget_bytes);
+  ExpectContains(p.ToString(), "LoRA adapters");
+  ExpectContains(p.ToString(), "frozen base weights");
+  // A budget that holds every layer: the whole base stays on the device.
+  lora.device_budget_bytes = 48ll << 30;
+  EXPECT_EQ(testing::ValueOrDie(PlanMemory(lora)).window, 32);
+  // What adapter mode does not combine with is refused.
+  lora.moments_on_nvme = true;
+  EXPECT_EQ(PlanMemory(lora).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace slide
