@@ -51,6 +51,10 @@ constexpr Choice<v1::NvmeState, TierMode> kNvmeStates[] = {
     {v1::NVME_STATE_NONE, TierMode::kNone},
     {v1::NVME_STATE_MOMENTS, TierMode::kMoments},
     {v1::NVME_STATE_MOMENTS_AND_MASTER, TierMode::kMomentsAndMaster}};
+constexpr Choice<v1::Adapter, AdapterMethod> kAdapters[] = {{v1::ADAPTER_NONE, AdapterMethod::kNone},
+                                                            {v1::ADAPTER_LORA, AdapterMethod::kLora}};
+constexpr Choice<v1::AdapterExport, AdapterExport> kAdapterExports[] = {
+    {v1::ADAPTER_EXPORT_ADAPTER, AdapterExport::kAdapter}, {v1::ADAPTER_EXPORT_MERGED, AdapterExport::kMerged}};
 constexpr Choice<v1::Optimizer, OptimizerKind> kOptimizers[] = {{v1::OPTIMIZER_ADAMW, OptimizerKind::kAdamW},
                                                                 {v1::OPTIMIZER_ADAMW_8BIT, OptimizerKind::kAdamW8bit}};
 
@@ -139,6 +143,16 @@ void SpecToProto(const std::string& name, const TrainingJobSpec& s, v1::JobSpec*
   p->set_nvme_state(ToApi(kNvmeStates, s.nvme_state));
   if (s.nvme_layers != -1) p->set_nvme_layers(s.nvme_layers);
   p->set_optimizer(ToApi(kOptimizers, s.optimizer));
+  p->set_adapter(ToApi(kAdapters, s.adapter));
+  if (s.adapter != AdapterMethod::kNone) {  // the LoRA settings as the job uses them, defaults included
+    p->set_lora_r(s.lora.r);
+    p->set_lora_alpha(s.lora.alpha);
+    p->set_lora_dropout(s.lora.dropout);
+    std::string targets;
+    for (const auto& t : s.lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
+    p->set_lora_target_modules(targets);
+    p->set_adapter_export(ToApi(kAdapterExports, s.adapter_export));
+  }
 }
 
 StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
@@ -179,6 +193,28 @@ StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   SLIDE_RETURN_IF_ERROR(FromApi(kNvmeStates, p.nvme_state(), "nvme_state", &s.nvme_state));
   if (p.has_nvme_layers()) s.nvme_layers = p.nvme_layers();
   SLIDE_RETURN_IF_ERROR(FromApi(kOptimizers, p.optimizer(), "optimizer", &s.optimizer));
+  SLIDE_RETURN_IF_ERROR(FromApi(kAdapters, p.adapter(), "adapter", &s.adapter));
+  SLIDE_RETURN_IF_ERROR(FromApi(kAdapterExports, p.adapter_export(), "adapter_export", &s.adapter_export));
+  if (p.has_lora_r()) s.lora.r = p.lora_r();
+  if (p.has_lora_alpha()) s.lora.alpha = p.lora_alpha();
+  s.lora.dropout = p.lora_dropout();
+  if (!p.lora_target_modules().empty()) {
+    s.lora.target_modules.clear();
+    const std::string& t = p.lora_target_modules();
+    for (size_t b = 0; b <= t.size();) {
+      const size_t e = std::min(t.find(',', b), t.size());
+      std::string name = t.substr(b, e - b);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      if (name.empty()) return InvalidArgument("job field 'lora_target_modules' has an empty name in '" + t + "'");
+      s.lora.target_modules.push_back(name);
+      b = e + 1;
+    }
+  }
+  const bool lora_fields = p.has_lora_r() || p.has_lora_alpha() || p.lora_dropout() != 0 ||
+                           !p.lora_target_modules().empty() || p.adapter_export() != v1::ADAPTER_EXPORT_UNSPECIFIED;
+  if (lora_fields && s.adapter != AdapterMethod::kLora)
+    return InvalidArgument("job fields lora_* and adapter_export need adapter: lora");
   return s;
 }
 

@@ -43,12 +43,12 @@ const std::vector<std::string>& LoraModuleNames() {
 }
 
 Status ValidateLoraOptions(const LoraOptions& lora, const ModelConfig& cfg) {
-  if (lora.r < 1) return InvalidArgument("adapter.r must be positive, got " + std::to_string(lora.r));
+  if (lora.r < 1) return InvalidArgument("lora_r must be positive, got " + std::to_string(lora.r));
   if (!(lora.alpha > 0) || !std::isfinite(lora.alpha))
-    return InvalidArgument("adapter.alpha must be positive and finite, got " + std::to_string(lora.alpha));
+    return InvalidArgument("lora_alpha must be positive and finite, got " + std::to_string(lora.alpha));
   if (!(lora.dropout >= 0 && lora.dropout < 1))
-    return InvalidArgument("adapter.dropout must be in [0, 1), got " + std::to_string(lora.dropout));
-  if (lora.target_modules.empty()) return InvalidArgument("adapter.target_modules names no module");
+    return InvalidArgument("lora_dropout must be in [0, 1), got " + std::to_string(lora.dropout));
+  if (lora.target_modules.empty()) return InvalidArgument("lora_target_modules names no module");
   std::set<std::string> seen;
   const std::vector<Projection> projections = Projections(cfg);
   for (const std::string& name : lora.target_modules) {
@@ -57,12 +57,11 @@ Status ValidateLoraOptions(const LoraOptions& lora, const ModelConfig& cfg) {
     if (it == projections.end()) {
       std::string known;
       for (const auto& n : LoraModuleNames()) known += (known.empty() ? "" : ", ") + n;
-      return InvalidArgument("adapter.target_modules: this model has no module \"" + name + "\" (known: " + known +
-                             ")");
+      return InvalidArgument("lora_target_modules: this model has no module \"" + name + "\" (known: " + known + ")");
     }
-    if (!seen.insert(name).second) return InvalidArgument("adapter.target_modules names \"" + name + "\" twice");
+    if (!seen.insert(name).second) return InvalidArgument("lora_target_modules names \"" + name + "\" twice");
     if (lora.r > std::min(it->out, it->in))
-      return InvalidArgument("adapter.r " + std::to_string(lora.r) + " exceeds the smaller dimension of " + it->path() +
+      return InvalidArgument("lora_r " + std::to_string(lora.r) + " exceeds the smaller dimension of " + it->path() +
                              " [" + std::to_string(it->out) + ", " + std::to_string(it->in) + "]");
   }
   return Status::Ok();

@@ -13,21 +13,10 @@
 
 #include "engine/common/status.h"
 #include "engine/model/config.h"
+#include "engine/model/lora_options.h"
 #include "engine/model/param_layout.h"
 
 namespace slide {
-
-struct LoraOptions {
-  int64_t r = 16;
-  double alpha = 32;
-  double dropout = 0;  // PEFT's lora_dropout: on the adapter's input only, in training steps only
-  // Module names as PEFT's target_modules lists them; every linear projection of attention and MLP by default.
-  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"};
-  uint64_t seed = 0;  // A's initialisation and the dropout masks
-
-  double scale() const { return alpha / static_cast<double>(r); }
-};
 
 // The projections LoRA can target in this model family, in layer order (the names target_modules uses).
 const std::vector<std::string>& LoraModuleNames();

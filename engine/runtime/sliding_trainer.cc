@@ -465,6 +465,21 @@ uint64_t SlidingTrainer::DropoutSeed(int64_t micro_batch, int64_t layer) const {
   return adapters_ ? AdapterDropoutSeed(adapters_->lora().seed, step_, micro_batch, layer) : 0;
 }
 
+ModelParams SlidingTrainer::MergedWeights() const {
+  TORCH_CHECK(adapters_, "merged weights need adapter mode");
+  const std::vector<at::Tensor> adapter = adapters_->MasterOnHost();
+  ModelParams out;
+  out.layout = layout_;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const at::Tensor& base = (*units_)[u].staging;
+    at::Tensor w = base.to(at::kCPU, base.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    if (layout_.units[u].kind == UnitKind::kDecoderLayer)
+      MergeAdapter(layout_.units[u], w, adapters_->layout().layers[u - 1], adapter[u - 1], adapters_->lora().scale());
+    out.units.push_back(std::move(w));
+  }
+  return out;
+}
+
 size_t SlidingTrainer::state_units() const {
   return adapters_ ? static_cast<size_t>(adapters_->layers()) : layout_.units.size();
 }

@@ -76,6 +76,9 @@ class SlidingTrainer {
 
   // The fp32 master after every posted update has finished (a copy). Not in adapter mode.
   ModelParams Master();
+  // Adapter mode: a copy of the frozen base (compute dtype, CPU) with every layer's adapter merged into its
+  // projections (W + scale B A, taken in fp32 and rounded once), for an export of the merged model.
+  ModelParams MergedWeights() const;
   // Adapter mode (options.adapter): the adapters on the device; null otherwise.
   const AdapterStore* adapters() const { return adapters_.get(); }
   // The units whose state a checkpoint holds: the model's units, or in adapter mode each layer's adapter (their

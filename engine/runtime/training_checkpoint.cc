@@ -37,9 +37,10 @@ Status SaveTrainingCheckpoint(const std::string& dir, const CheckpointInfo& info
   // Streamed unit by unit: with the NVMe tier the state is read back from disk as the file is written, so the
   // host never holds more than one unit's array.
   std::vector<StreamedTensor> tensors;
-  const ModelLayout& layout = trainer.layout();
+  // The model's units, or in adapter mode each layer's adapter (SlidingTrainer::state_units).
+  const size_t units = trainer.state_units();
   for (int kind = 0; kind < 3; ++kind)
-    for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (size_t u = 0; u < units; ++u) {
       SLIDE_ASSIGN_OR_RETURN(const StateShape shape, trainer.StateShapeOf(kind, u));
       tensors.push_back(
           {std::string(kKinds[kind]) + "." + std::to_string(u), shape.dtype, {shape.numel}, [&trainer, kind, u] {
@@ -131,15 +132,15 @@ StatusOr<std::optional<CheckpointInfo>> LoadTrainingCheckpoint(const std::string
   if (!opened.ok()) return DataLoss("checkpoint is corrupt: " + opened.status().message());
   std::shared_ptr<SafetensorsFile> file = std::move(opened).value();
   SLIDE_RETURN_IF_ERROR(trainer.SyncUpdates());
-  const ModelLayout& layout = trainer.layout();
-  if (file->entries().size() != 3 * layout.units.size())
+  const size_t units = trainer.state_units();
+  if (file->entries().size() != 3 * units)
     return DataLoss("checkpoint '" + tensors_path + "' has " + std::to_string(file->entries().size()) +
-                    " tensors, expected " + std::to_string(3 * layout.units.size()));
+                    " tensors, expected " + std::to_string(3 * units));
   // Every tensor's name, dtype and size are checked before any is read; the values are checked as each is read.
   // A bad value fails the job, whose trainer is then discarded, so a half-restored state is never trained.
   std::vector<std::tuple<int, size_t, const SafetensorsEntry*, int64_t>> entries;  // + the byte arrays' fp32 prefix
   for (int kind = 0; kind < 3; ++kind) {
-    for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (size_t u = 0; u < units; ++u) {
       const std::string name = std::string(kKinds[kind]) + "." + std::to_string(u);
       const SafetensorsEntry* e = file->Find(name);
       if (e == nullptr) return DataLoss("checkpoint '" + tensors_path + "' lacks tensor '" + name + "'");

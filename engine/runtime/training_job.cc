@@ -16,6 +16,8 @@
 #include "engine/common/path_confinement.h"
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
+#include "engine/model/peft_adapter.h"
+#include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
 #include "engine/runtime/torch_status.h"
@@ -88,7 +90,12 @@ StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const Traini
   o.nvme = env.nvme;
   o.nvme.mode = spec.nvme_state;
   o.nvme.layers = spec.nvme_layers;
-  if (cuda && train.compute_dtype == c10::kBFloat16 && spec.nvme_state == TierMode::kNone)
+  const bool lora = spec.adapter == AdapterMethod::kLora;
+  if (lora) {
+    o.adapter = spec.lora;
+    o.adapter->seed = spec.seed;
+  }
+  if (cuda && train.compute_dtype == c10::kBFloat16 && spec.nvme_state == TierMode::kNone && !lora)
     o.device_update_share = kDefaultDeviceUpdateShare;
   PlanRequest budget;
   budget.micro_batch = MicroBatchSize(spec);
@@ -99,7 +106,7 @@ StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const Traini
   budget.window = spec.window;
   budget.checkpoints = spec.activation_placement;
   if (!cuda) budget.device_reserved_bytes = 0;
-  budget.resident_layers = cuda ? -1 : 0;
+  budget.resident_layers = cuda && !lora ? -1 : 0;  // adapter mode: the window is the frozen base's residency
   return ResolveTrainer(cfg, std::move(o), std::move(budget));
 }
 
@@ -127,6 +134,10 @@ Status CheckJob(const TrainingJobSpec& spec, const JobEnvironment& env) {
 
 // The job's fields that depend on the model: its layer count (nvme_layers) and its context (seq_len).
 Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg) {
+  if (spec.adapter == AdapterMethod::kLora) {  // targets the model has, r within every targeted projection
+    const Status lora = ValidateLoraOptions(spec.lora, cfg);
+    if (!lora.ok()) return InvalidArgument("job field " + lora.message());
+  }
   SLIDE_RETURN_IF_ERROR(Field(
       spec.nvme_layers <= cfg.num_layers, "nvme_layers",
       "(" + std::to_string(spec.nvme_layers) + ") exceeds the model's " + std::to_string(cfg.num_layers) + " layers"));
@@ -134,6 +145,17 @@ Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg
   return InvalidArgument(
       "job field 'seq_len' (" + std::to_string(spec.seq_len) + ") exceeds the model's max_position_embeddings (" +
       std::to_string(cfg.max_position_embeddings) + "); set allow_seq_len_beyond_model to train beyond it");
+}
+
+// What a checkpoint must match of the job's adapter: a resume never continues with other adapter settings.
+std::string AdapterFingerprint(const TrainingJobSpec& spec) {
+  if (spec.adapter != AdapterMethod::kLora) return "";
+  std::string targets;
+  for (const auto& t : spec.lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), " lora_r=%lld lora_alpha=%.17g lora_dropout=%.17g",
+                static_cast<long long>(spec.lora.r), spec.lora.alpha, spec.lora.dropout);
+  return buf + std::string(" lora_targets=") + targets;
 }
 
 // A messages dataset's template, at submission: it must exist and compile, and render a plain exchange without a
@@ -285,6 +307,16 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
+  if (s.adapter == AdapterMethod::kLora) {
+    SLIDE_RETURN_IF_ERROR(InRange(s.lora.r, 1, int64_t{1} << 16, "lora_r"));
+    SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lora.alpha) && s.lora.alpha > 0, "lora_alpha", "must be > 0"));
+    SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lora.dropout) && s.lora.dropout >= 0 && s.lora.dropout < 1,
+                                "lora_dropout", "must be in [0, 1)"));
+    SLIDE_RETURN_IF_ERROR(Field(s.optimizer == OptimizerKind::kAdamW, "optimizer",
+                                "must be adamw with adapter lora (the adapters' state is small and on the device)"));
+    SLIDE_RETURN_IF_ERROR(Field(s.nvme_state == TierMode::kNone, "nvme_state",
+                                "must be none with adapter lora (the frozen base has no optimizer state)"));
+  }
   if (s.optimizer == OptimizerKind::kAdamW8bit && s.nvme_state == TierMode::kMomentsAndMaster)
     return InvalidArgument(
         "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments_and_master) cannot be combined yet: with 8-bit "
@@ -381,6 +413,12 @@ class TrainingRun {
   Status Checkpoint(int64_t steps_done);
   void ReportStep(const StepStats& st);
   void SkipNvmeTraffic();  // the tier's bytes so far are not a step's (loading, checkpoints)
+  // 6 per parameter for full fine-tuning; a frozen base takes 4 (no weight gradient), its adapters 6 each.
+  double ModelFlopsPerToken() const {
+    const double n = static_cast<double>(cfg_.TotalParamCount());
+    const AdapterStore* a = trainer_->adapters();
+    return a ? 4.0 * n + 6.0 * static_cast<double>(a->layout().TrainableParams()) : 6.0 * n;
+  }
 
   Status Interrupted(const char* phase) const { return slide::Interrupted(cancel_, suspend_, phase); }
 
@@ -428,7 +466,9 @@ Status TrainingRun::Prepare() {
     return InvalidArgument("job field 'epochs' (" + std::to_string(spec_.epochs) + ") over " + std::to_string(n_train) +
                            " training sequences gives " + std::to_string(total_) + " steps; at most " +
                            std::to_string(JobSizeLimits::max_steps));
-  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, c10::kFloat,
+  // A frozen base (adapter mode) is read straight into the compute dtype: 2 bytes a parameter for bf16.
+  const bool lora = spec_.adapter == AdapterMethod::kLora;
+  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, lora ? dtype : c10::kFloat,
                                                               [this] { return Interrupted("loading the weights"); }));
   SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
                          ResolveJobTrainer(cfg_, spec_, env_, JobTrainerOptions(spec_, cuda_, total_)));
@@ -438,12 +478,24 @@ Status TrainingRun::Prepare() {
   if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
       (dtype == c10::kBFloat16 ? "bf16" : "fp32") + ", optimizer " + OptimizerName(spec_.optimizer));
+  if (const AdapterStore* adapters = trainer_->adapters(); adapters != nullptr) {
+    const int64_t trainable = adapters->layout().TrainableParams(), all = cfg_.TotalParamCount();
+    std::string targets;
+    for (const auto& t : spec_.lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
+    char line[256];
+    std::snprintf(
+        line, sizeof(line), "mode: LoRA r %lld, alpha %g, dropout %g on %s; %lld trainable of %lld parameters (%.3f%%)",
+        static_cast<long long>(spec_.lora.r), spec_.lora.alpha, spec_.lora.dropout, targets.c_str(),
+        static_cast<long long>(trainable), static_cast<long long>(all), 100.0 * double(trainable) / double(all));
+    Log(line);
+  }
 
   order_ = std::make_unique<BatchOrder>(n_train, spec_.seed);
   fingerprint_ = "params=" + std::to_string(cfg_.TotalParamCount()) + " layers=" + std::to_string(cfg_.num_layers) +
                  " batch=" + std::to_string(spec_.batch_size) + " micro=" + std::to_string(micro_) +
                  " seq=" + std::to_string(spec_.seq_len) + " train_sequences=" + std::to_string(n_train) +
-                 " seed=" + std::to_string(spec_.seed) + " total_steps=" + std::to_string(total_);
+                 " seed=" + std::to_string(spec_.seed) + " total_steps=" + std::to_string(total_) +
+                 AdapterFingerprint(spec_);
   if (!env_.checkpoint_dir.empty()) {
     SLIDE_ASSIGN_OR_RETURN(auto resumed,
                            LoadTrainingCheckpoint(env_.checkpoint_dir, {fingerprint_, total_, n_train}, *trainer_));
@@ -474,8 +526,11 @@ Status TrainingRun::Checkpoint(int64_t steps_done) {
   SkipNvmeTraffic();
   last_checkpoint_ = steps_done;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // master + two moments, fp32: what the engine thread just wrote (the step waits for it).
-  const double gb = 12.0 * static_cast<double>(cfg_.TotalParamCount()) / 1e9;
+  // master + two moments, fp32: what the engine thread just wrote (the step waits for it); the adapters' alone in
+  // adapter mode.
+  const AdapterStore* adapters = trainer_->adapters();
+  const double gb =
+      12.0 * static_cast<double>(adapters ? adapters->layout().TrainableParams() : cfg_.TotalParamCount()) / 1e9;
   char line[160];
   std::snprintf(line, sizeof(line), "checkpoint at step %lld: %.2f GB in %.2f s (%.2f GB/s)",
                 static_cast<long long>(steps_done), gb, secs, secs > 0 ? gb / secs : 0.0);
@@ -502,7 +557,7 @@ void TrainingRun::ReportStep(const StepStats& st) {
   e.step_seconds = b.step;
   const double tokens = static_cast<double>(spec_.batch_size * spec_.seq_len);
   e.tokens_per_second = b.step > 0 ? tokens / b.step : 0;
-  e.model_tflops = b.step > 0 ? 6.0 * static_cast<double>(cfg_.TotalParamCount()) * tokens / b.step / 1e12 : 0;
+  e.model_tflops = b.step > 0 ? ModelFlopsPerToken() * tokens / b.step / 1e12 : 0;
   e.compute_seconds = b.compute;
   e.h2d_seconds = b.h2d;
   e.d2h_seconds = b.d2h;
@@ -561,12 +616,23 @@ Status TrainingRun::Finish() {
                       "); the job stops without exporting");
     Log("held-out loss " + std::to_string(result_.eval_loss));
   }
-  ModelParams final_weights = trainer_->Master();
   ExportOptions export_options;
   export_options.dtype = spec_.export_dtype == ExportDtype::kFp32 ? c10::kFloat : c10::kBFloat16;
-  SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(output_, spec_.model_dir, final_weights, export_options));
+  if (const AdapterStore* adapters = trainer_->adapters(); adapters != nullptr) {
+    if (spec_.adapter_export == AdapterExport::kAdapter) {
+      SLIDE_RETURN_IF_ERROR(ExportPeftAdapter(output_, spec_.lora, adapters->layout(), adapters->MasterOnHost(),
+                                              spec_.model_dir, export_options.dtype));
+      Log("exported the LoRA adapter (PEFT's adapter_config.json and adapter_model.safetensors) to " +
+          spec_.output_dir);
+    } else {
+      SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(output_, spec_.model_dir, trainer_->MergedWeights(), export_options));
+      Log("exported the base with the LoRA adapter merged into it to " + spec_.output_dir);
+    }
+  } else {
+    SLIDE_RETURN_IF_ERROR(ExportHfCheckpoint(output_, spec_.model_dir, trainer_->Master(), export_options));
+    Log("exported to " + spec_.output_dir);
+  }
   result_.export_dir = spec_.output_dir;
-  Log("exported to " + spec_.output_dir);
   return Status::Ok();
 }
 

@@ -15,6 +15,7 @@
 #include "engine/io/state_tier.h"
 #include "engine/memory/checkpoint_placement.h"
 #include "engine/model/config.h"
+#include "engine/model/lora_options.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer_kind.h"
 
@@ -23,6 +24,8 @@ namespace slide {
 enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto: CUDA when present
 enum class ComputeDtypeChoice { kAuto, kBf16, kFp32 };  // auto: bf16 on CUDA, fp32 on the CPU
 enum class ExportDtype { kBf16, kFp32 };                // the dtype of the exported weights
+enum class AdapterMethod { kNone, kLora };              // none: full fine-tuning
+enum class AdapterExport { kAdapter, kMerged };         // PEFT's adapter files, or the merged model (HF format)
 
 struct TrainingJobSpec {
   std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
@@ -62,6 +65,10 @@ struct TrainingJobSpec {
   int64_t nvme_layers = -1;  // with nvme_state: only the last N layers' state on the tier; 0: as few as fit; -1: all
   ExportDtype export_dtype = ExportDtype::kBf16;
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = JobEnvironment's default
+  // Adapters: LoRA trains these over the frozen base (its seed is the job's `seed`), exported as `adapter_export`.
+  AdapterMethod adapter = AdapterMethod::kNone;
+  LoraOptions lora;
+  AdapterExport adapter_export = AdapterExport::kAdapter;
 };
 
 // What the daemon, not the user, decides for a job: kept beside the spec so that the spec stays exactly what the

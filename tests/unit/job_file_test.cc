@@ -122,7 +122,7 @@ TEST_F(JobFileTest, EveryChoiceIsSetByItsShortName) {
       EXPECT_EQ(JobSpec::GetReflection()->GetEnum(spec, f), value);
     }
   }
-  EXPECT_EQ(enum_fields, 12);
+  EXPECT_EQ(enum_fields, 14);
   EXPECT_EQ(slide::v1::EnumShortName(slide::v1::Optimizer_descriptor()->FindValueByName("OPTIMIZER_ADAMW_8BIT")),
             "adamw_8bit");
   EXPECT_EQ(slide::v1::EnumShortName(

@@ -23,6 +23,7 @@ TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
       SCOPED_TRACE(f->enum_type()->value(v)->name());
       JobSpec in;
       r->SetEnum(&in, f, f->enum_type()->value(v));
+      if (f->name() == "adapter_export") in.set_adapter(slide::v1::ADAPTER_LORA);  // meaningful with an adapter
       auto spec = slide::SpecFromProto(in);
       ASSERT_TRUE(spec.ok()) << spec.status().message();
       JobSpec out;
@@ -30,7 +31,7 @@ TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
       EXPECT_EQ(r->GetEnum(out, f), f->enum_type()->value(v));
     }
   }
-  EXPECT_EQ(values, 33);
+  EXPECT_EQ(values, 37);
 }
 
 TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
@@ -108,3 +109,47 @@ TEST(JobProto, StepMetricsCarryEveryField) {
   EXPECT_EQ(back.nvme_backend, "io_uring");
   EXPECT_EQ(back.step, 7);
 }
+
+namespace {
+
+// LoRA's settings: defaults served by value once adapter is lora, targets parsed from the comma list, and lora_*
+// fields without adapter: lora refused naming them.
+TEST(JobProto, LoraSettingsRoundTrip) {
+  JobSpec in;
+  in.set_adapter(slide::v1::ADAPTER_LORA);
+  auto spec = slide::SpecFromProto(in);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->adapter, slide::AdapterMethod::kLora);
+  EXPECT_EQ(spec->lora.r, 16);
+  EXPECT_EQ(spec->lora.target_modules.size(), 7u);
+  JobSpec served;
+  slide::SpecToProto("x", *spec, &served);
+  EXPECT_EQ(served.lora_r(), 16);
+  EXPECT_EQ(served.lora_alpha(), 32);
+  EXPECT_EQ(served.lora_target_modules(), "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  EXPECT_EQ(served.adapter_export(), slide::v1::ADAPTER_EXPORT_ADAPTER);
+
+  in.set_lora_r(8);
+  in.set_lora_alpha(16);
+  in.set_lora_dropout(0.05);
+  in.set_lora_target_modules("q_proj, v_proj");
+  in.set_adapter_export(slide::v1::ADAPTER_EXPORT_MERGED);
+  spec = slide::SpecFromProto(in);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->lora.r, 8);
+  EXPECT_EQ(spec->lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(spec->adapter_export, slide::AdapterExport::kMerged);
+
+  in.set_lora_target_modules("q_proj,,v_proj");
+  EXPECT_NE(slide::SpecFromProto(in).status().message().find("lora_target_modules"), std::string::npos);
+  JobSpec stray;
+  stray.set_lora_r(4);  // without adapter: lora
+  EXPECT_NE(slide::SpecFromProto(stray).status().message().find("need adapter: lora"), std::string::npos);
+  auto full = slide::SpecFromProto(JobSpec());
+  ASSERT_TRUE(full.ok());
+  JobSpec full_served;
+  slide::SpecToProto("x", *full, &full_served);
+  EXPECT_FALSE(full_served.has_lora_r());  // full fine-tuning shows no LoRA settings
+}
+
+}  // namespace

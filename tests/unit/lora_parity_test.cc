@@ -198,7 +198,7 @@ TEST(LoraOptions, RefusesWhatPeftWouldNotTrain) {
   };
   LoraOptions o = ok;
   o.r = 0;
-  refused(o, "adapter.r must be positive");
+  refused(o, "lora_r must be positive");
   o = ok;
   o.r = 65;  // the projections are [64, 64] and [32, 64]: the smaller dimension bounds r
   refused(o, "exceeds the smaller dimension of self_attn.q_proj [64, 64]");
@@ -211,10 +211,10 @@ TEST(LoraOptions, RefusesWhatPeftWouldNotTrain) {
   refused(o, "names no module");
   o = ok;
   o.dropout = 1;
-  refused(o, "adapter.dropout");
+  refused(o, "lora_dropout");
   o = ok;
   o.alpha = 0;
-  refused(o, "adapter.alpha");
+  refused(o, "lora_alpha");
 }
 
 TEST(LoraOptions, FreshAdapterIsKaimingUniformAWithZeroB) {

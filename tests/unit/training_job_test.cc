@@ -2,6 +2,8 @@
 // the job with precise statuses; cancellation stops at a step boundary.
 #include "engine/runtime/training_job.h"
 
+#include "engine/model/peft_adapter.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -89,6 +91,48 @@ TEST(TrainingJob, ExportLoadsBackWithTheJobsHeldOutLoss) {
   EXPECT_EQ(EvaluateHeldOutLoss(reload).status().code(), StatusCode::kFailedPrecondition);
 }
 
+// A LoRA job trains adapters over the frozen demo model and exports them in PEFT's files (read back as PEFT's);
+// `adapter_export: merged` writes the base with the adapters merged, whose held-out loss, evaluated afresh from those
+// files, is the job's.
+TEST(TrainingJob, LoraJobTrainsAdaptersAndExportsThem) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.adapter = AdapterMethod::kLora;
+  spec.lora.r = 8;
+  spec.lora.alpha = 16;
+  spec.lr = 1e-2;
+  std::vector<TrainingStepEvent> steps;
+  std::vector<std::string> logs;
+  TrainingCallbacks cb{[&](const std::string& m) { logs.push_back(m); },
+                       [&](const TrainingStepEvent& e) { steps.push_back(e); }};
+  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, cb, nullptr));
+  ASSERT_EQ(steps.size(), 40u);
+  EXPECT_LT(steps.back().loss, 0.8 * steps.front().loss);
+  EXPECT_TRUE(std::filesystem::exists(out.File("export/adapter_config.json")));
+  EXPECT_TRUE(std::filesystem::exists(out.File("export/adapter_model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
+  const ModelConfig cfg = testing::ValueOrDie(LoadHfConfig(spec.model_dir));
+  PeftAdapter exported = testing::ValueOrDie(LoadPeftAdapter(out.File("export"), cfg));
+  EXPECT_EQ(exported.lora.r, 8);
+  EXPECT_EQ(exported.lora.alpha, 16);
+  bool logged_mode = false;
+  for (const auto& l : logs) logged_mode = logged_mode || l.find("mode: LoRA r 8, alpha 16") != std::string::npos;
+  EXPECT_TRUE(logged_mode);
+
+  spec.steps = 10;
+  spec.adapter_export = AdapterExport::kMerged;
+  spec.export_dtype = ExportDtype::kFp32;
+  spec.output_dir = out.File("merged");
+  r = testing::ValueOrDie(RunTrainingJob(spec, {}, {}, nullptr));
+  TrainingJobSpec reload = spec;
+  reload.adapter = AdapterMethod::kNone;
+  reload.model_dir = r.export_dir;
+  const double merged = testing::ValueOrDie(EvaluateHeldOutLoss(reload));
+  EXPECT_NEAR(merged, r.eval_loss, 1e-5 * r.eval_loss);
+  std::printf("JOB lora loss %.3f -> %.3f; merged export held-out %.6f (job %.6f)\n", steps.front().loss,
+              steps.back().loss, merged, r.eval_loss);
+}
+
 // The demo spec changed by `change` fails validation with INVALID_ARGUMENT, its message containing `part`.
 void ExpectSpecRefused(const testing::TempDir& out, const std::function<void(TrainingJobSpec&)>& change,
                        const std::string& part) {
@@ -117,6 +161,35 @@ TEST(TrainingJob, BadSpecsNameTheField) {
         s.nvme_state = TierMode::kMomentsAndMaster;
       },
       "job fields 'optimizer' (adamw_8bit) and 'nvme_state' (moments_and_master) cannot be combined yet");
+  auto lora = [](const std::function<void(TrainingJobSpec&)>& change) {
+    return [change](TrainingJobSpec& s) {
+      s.adapter = AdapterMethod::kLora;
+      change(s);
+    };
+  };
+  expect(lora([](TrainingJobSpec& s) { s.lora.r = 0; }), "job field 'lora_r'");
+  expect(lora([](TrainingJobSpec& s) { s.lora.dropout = 1; }), "job field 'lora_dropout' must be in [0, 1)");
+  expect(lora([](TrainingJobSpec& s) { s.optimizer = OptimizerKind::kAdamW8bit; }),
+         "job field 'optimizer' must be adamw with adapter lora");
+  expect(lora([](TrainingJobSpec& s) { s.nvme_state = TierMode::kMoments; }), "job field 'nvme_state' must be none");
+}
+
+// What only the model can tell (a target module it does not have, r above a projection's smaller dimension) is
+// refused when the job is planned, at submission, naming the field; nothing is loaded.
+TEST(TrainingJob, LoraSettingsTheModelCannotTakeAreRefusedAtSubmission) {
+  testing::TempDir out;
+  TrainingJobSpec s = DemoSpec(out);
+  s.adapter = AdapterMethod::kLora;
+  s.lora.target_modules = {"q_proj", "c_attn"};
+  Status st = PlanTrainingJob(s, {}).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  ExpectContains(st.message(), "lora_target_modules: this model has no module \"c_attn\"");
+  s.lora.target_modules = {"q_proj"};
+  s.lora.r = 4096;  // within lora_r's range, beyond the demo model's dimensions
+  st = PlanTrainingJob(s, {}).status();
+  ExpectContains(st.message(), "exceeds the smaller dimension of self_attn.q_proj");
+  s.lora.r = 4;
+  ExpectContains(testing::ValueOrDie(PlanTrainingJob(s, {})), "LoRA adapters");
 }
 
 // Sizes that would make the daemon allocate until the OOM killer ends it (batch_size 2^55), or overflow the step
@@ -424,12 +497,14 @@ TEST(TrainingJob, CancelStopsAtAStepBoundary) {
 // optimizer state where `nvme_state[run]` says (host memory, or the NVMe tier in a scratch directory: every
 // unit's state, or with `nvme_layers` the last layers').
 void ExpectExactResume(const std::array<TierMode, 3>& nvme_state, int64_t nvme_layers = -1,
-                       OptimizerKind optimizer = OptimizerKind::kAdamW) {
+                       OptimizerKind optimizer = OptimizerKind::kAdamW,
+                       const std::function<void(TrainingJobSpec&)>& change = {}) {
   JobEnvironment env;  // what the daemon would set
   testing::TempDir out;
   TrainingJobSpec spec = DemoSpec(out);
   spec.steps = 8;
   spec.optimizer = optimizer;
+  if (change) change(spec);
   ScratchDir nvme_dir;
   env.nvme.io.dirs = {nvme_dir.path()};
   env.nvme.chunk_bytes = 64 << 10;  // several chunks per unit of the demo model
@@ -491,6 +566,17 @@ TEST(TrainingJob, ResumesExactlyWithTheLastLayersOnNvme) {
   ExpectExactResume({TierMode::kMoments, TierMode::kMomentsAndMaster, TierMode::kNone}, 1);
   ExpectExactResume({TierMode::kNone, TierMode::kMoments, TierMode::kMomentsAndMaster}, 1);
   ExpectExactResume({TierMode::kMoments, TierMode::kNone, TierMode::kMomentsAndMaster}, 0);  // the planner's pick
+}
+
+// LoRA: the checkpoint holds the adapters' master and moments (the frozen base is the model directory's), and the
+// resumed job draws the same dropout masks.
+TEST(TrainingJob, ResumesExactlyWithLoraAdapters) {
+  ExpectExactResume({TierMode::kNone, TierMode::kNone, TierMode::kNone}, -1, OptimizerKind::kAdamW,
+                    [](TrainingJobSpec& s) {
+                      s.adapter = AdapterMethod::kLora;
+                      s.lora.r = 4;
+                      s.lora.dropout = 0.1;
+                    });
 }
 
 // 8-bit moments: the checkpoint holds their bytes (codes, block absmax, the small parameters' fp32 moments).
