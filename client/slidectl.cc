@@ -112,6 +112,11 @@ void PrintJob(const v1::Job& j) {
   std::printf("%s  %-10s step %lld/%lld  loss %.4f", Safe(j.id()).c_str(), v1::JobState_Name(j.state()).c_str(),
               static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()), j.loss());
   if (!j.spec().name().empty()) std::printf("  %s", Safe(j.spec().name()).c_str());
+  if (j.spec().adapter() == v1::ADAPTER_LORA)  // the trainable count is in the job's log ("mode: LoRA ...")
+    std::printf("  mode: lora r %lld on %s", static_cast<long long>(j.spec().lora_r()),
+                Safe(j.spec().lora_target_modules()).c_str());
+  else
+    std::printf("  mode: full");
   if (!j.error().empty()) std::printf("  error: %s", Safe(j.error()).c_str());
   if (!j.export_dir().empty()) std::printf("  export: %s", Safe(j.export_dir()).c_str());
   std::printf("\n");

@@ -429,3 +429,35 @@ TEST(Slidectl, RenderShowsTheTemplateAndTheTrainedTokens) {
 }
 
 }  // namespace
+
+namespace {
+
+// A LoRA job from a job file through the real daemon: trained, its adapter exported in PEFT's files, its mode shown
+// by `get`; a target the model lacks refused at submission naming the field.
+TEST(Slidectl, LoraJobFromAJobFile) {
+  Daemon d;
+  const std::string addr = "--addr " + d.addr();
+  CliResult r = Slidectl(addr + " --json submit " +
+                         WriteJob(d, "lora", 8, "adapter: lora\nlora_r: 4\nlora_target_modules: q_proj,v_proj\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string id = nlohmann::json::parse(r.out)["id"];
+  r = Slidectl(addr + " watch " + id);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Slidectl(addr + " logs " + id);
+  EXPECT_NE(r.out.find("mode: LoRA r 4, alpha 32"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(d.Path("out-lora/adapter_config.json")));
+  EXPECT_TRUE(std::filesystem::exists(d.Path("out-lora/adapter_model.safetensors")));
+  r = Slidectl(addr + " get " + id);
+  EXPECT_NE(r.out.find("mode: lora r 4 on q_proj,v_proj"), std::string::npos) << r.out;
+  r = Slidectl(addr + " --json get " + id);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["spec"]["adapter"], "ADAPTER_LORA") << r.out;
+
+  r = Slidectl(addr + " submit " + WriteJob(d, "lora-bad", 4, "adapter: lora\nlora_target_modules: q_proj,c_attn\n"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("lora_target_modules: this model has no module \"c_attn\""), std::string::npos) << r.out;
+  r = Slidectl(addr + " submit " + WriteJob(d, "lora-stray", 4, "lora_r: 8\n"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("need adapter: lora"), std::string::npos) << r.out;
+}
+
+}  // namespace
