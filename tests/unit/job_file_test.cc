@@ -198,3 +198,19 @@ TEST_F(JobFileTest, PathsThatAreNotReadableFilesGetOneLine) {
 }
 
 }  // namespace
+
+namespace {
+
+// The bundled demo job files read as the README says: the full fine-tuning demo and its LoRA variant.
+TEST(BundledJobFiles, DemoJobsRead) {
+  slide::v1::JobSpec full, lora;
+  EXPECT_EQ(slidectl::LoadJobFile(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/job.yaml", &full), "");
+  EXPECT_EQ(full.adapter(), slide::v1::ADAPTER_UNSPECIFIED);
+  EXPECT_EQ(slidectl::LoadJobFile(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/lora-job.yaml", &lora), "");
+  EXPECT_EQ(lora.adapter(), slide::v1::ADAPTER_LORA);
+  EXPECT_EQ(lora.lora_r(), 8);
+  EXPECT_EQ(lora.adapter_export(), slide::v1::ADAPTER_EXPORT_ADAPTER);
+  EXPECT_EQ(lora.model_dir(), std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model");  // relative to the file
+}
+
+}  // namespace
