@@ -31,9 +31,11 @@ source .gpu-debs/gpu-env.sh .gpu-debs > "$OUT/env-$phase.log" 2>&1
 commit=${COMMIT:?set COMMIT to the commit of the carried tree}
 hardware=${HW:-1x H100, 16 cores}
 
-# run SECONDS COMMAND...: its JSON lines into bench.jsonl, labelled; whatever else it prints into bench.err.
+# run SECONDS COMMAND...: its JSON lines into bench.jsonl, labelled; whatever else it prints into bench.err (the peers'
+# progress lines, {"phase": ...}, included).
 run() {
-  timeout "$1" "${@:2}" 2>>"$OUT/bench.err" | awk -v err="$OUT/bench.err" '/^\{/ {print; fflush(); next} {print >> err}' |
+  timeout "$1" "${@:2}" 2>>"$OUT/bench.err" |
+    awk -v err="$OUT/bench.err" '/^\{"phase"/ {print >> err; next} /^\{/ {print; fflush(); next} {print >> err}' |
     sed "s/^{/{\"commit\": \"$commit\", \"date\": \"$(date -u +%FT%TZ)\", \"hardware\": \"$hardware\", /" >> "$OUT/bench.jsonl"
 }
 build_gpu() {
