@@ -2,7 +2,12 @@
 """Regenerates tests/fixtures/chat_templates/: real model chat templates and how transformers renders them.
 
 The templates come from the pinned llama-cpp-python source distribution on PyPI (the same archive
-third_party/CMakeLists.txt builds the Jinja engine from; its SHA-256 is checked). Each is rendered for a set of
+third_party/CMakeLists.txt builds the Jinja engine from; its SHA-256 is checked): its models/templates folder, and
+for Mistral's v3 format (Mistral-7B-Instruct-v0.3) the template its tests/test-chat-template.cpp carries. Two
+families that folder lacks come from pinned PyPI wheels (SHA-256 checked too): Llama 2's from transformers 4.42.4,
+whose LlamaTokenizer still built it (default_chat_template, without the default system prompt, as the
+Llama-2-chat models' tokenizer_config.json has it), and Gemma 3's from Unsloth's chat_templates.py, which carries it
+as printed from the model's tokenizer. Each is rendered for a set of
 conversations by transformers' own render_jinja_template (sandboxed jinja2, trim_blocks, lstrip_blocks,
 raise_exception, strftime_now), with the variables apply_chat_template passes: messages, tools, documents,
 add_generation_prompt, the model's special tokens and the line's extra keys. goldens.json records, per case, those
@@ -31,6 +36,16 @@ VERSION = "0.3.36"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 URL = ("https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
        f"llama_cpp_python-{VERSION}.tar.gz")
+# Templates from elsewhere (see the docstring): file name -> (wheel name, URL, SHA-256, extractor).
+TRANSFORMERS_4_42 = ("transformers-4.42.4-py3-none-any.whl",
+                     "https://files.pythonhosted.org/packages/6a/dc/23c26b7b0bce5aaccf2b767db3e9c4f5ae4331bd47688c1f2ef091b23696/"
+                     "transformers-4.42.4-py3-none-any.whl",
+                     "6d59061392d0f1da312af29c962df9017ff3c0108c681a56d1bc981004d16d24")
+UNSLOTH = ("unsloth-2026.10.9-py3-none-any.whl",
+           "https://files.pythonhosted.org/packages/c4/1b/c8d6f64fb4b45625cb2842bd4fad7e7c8fb4c54afc16e0a9ef444ef10079/"
+           "unsloth-2026.10.9-py3-none-any.whl",
+           "feb40b99bc4f8c543a36cbd0fe6e1410d6e4ac16bd4d0c731f607adce3d63bb0")
+MISTRAL_V3_TEST_NAME = "Mistral-Large-Instruct-2407 (mistralai 'v3' template"
 # strftime_now's clock in every golden (the test sets the same instant).
 NOW = datetime.datetime(2026, 7, 26, 12, 0, 0)
 
@@ -63,6 +78,9 @@ TEMPLATES = {
                                                             "eos_token": "<|END_OF_TURN_TOKEN|>"},
     "openai-gpt-oss-120b.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
     "LFM2.5-Instruct.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>"},
+    "meta-llama-Llama-2-7b-chat-hf.jinja": MISTRAL,
+    "mistralai-Mistral-7B-Instruct-v0.3.jinja": MISTRAL,
+    "google-gemma-3-it.jinja": GEMMA,
 }
 
 WEATHER_TOOL = {
@@ -132,6 +150,58 @@ def fetch_archive(path):
     return path
 
 
+def fetch_pinned(wheel):
+    name, url, sha256 = wheel
+    path = os.path.join(tempfile.gettempdir(), name)
+    if not os.path.exists(path):
+        urllib.request.urlretrieve(url, path)
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if digest != sha256:
+        os.remove(path)
+        raise SystemExit(f"{url}: SHA-256 {digest}, not the pinned {sha256}")
+    return path
+
+
+def string_assigned(python_source, target, method=None):
+    """The string literal (implicit concatenation included) assigned to `target`, in `method` if given."""
+    import ast
+    tree = ast.parse(python_source)
+    scope = tree
+    if method is not None:
+        scope = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == method)
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == target for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    raise SystemExit(f"no string assigned to {target}")
+
+
+def llama2_template():
+    """LlamaTokenizer.default_chat_template of transformers 4.42.4 with use_default_system_prompt false."""
+    import zipfile
+    with zipfile.ZipFile(fetch_pinned(TRANSFORMERS_4_42)) as z:
+        code = z.read("transformers/models/llama/tokenization_llama.py").decode("utf-8")
+    default_message = string_assigned(code, "DEFAULT_SYSTEM_PROMPT").replace("\n", "\\n").replace("'", "\\'")
+    template = string_assigned(code, "template", "default_chat_template")
+    return template.replace("USE_DEFAULT_PROMPT", "false").replace("DEFAULT_SYSTEM_MESSAGE", default_message)
+
+
+def gemma3_template():
+    import zipfile
+    with zipfile.ZipFile(fetch_pinned(UNSLOTH)) as z:
+        code = z.read("unsloth/chat_templates.py").decode("utf-8")
+    return string_assigned(code, "gemma3_template")
+
+
+def mistral_v3_template(tar):
+    """The template_str of llama.cpp's test case for Mistral's v3 format (a C string literal, JSON's escapes)."""
+    test = tar.extractfile(f"llama_cpp_python-{VERSION}/vendor/llama.cpp/tests/test-chat-template.cpp").read()
+    lines = test.decode("utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if MISTRAL_V3_TEST_NAME in line)
+    literal = lines[at + 1].split("/* .template_str= */", 1)[1].strip().rstrip(",")
+    return json.loads(literal)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--archive")
@@ -148,7 +218,14 @@ def main():
     sources = {}
     with tarfile.open(archive) as tar:
         for name in TEMPLATES:
-            sources[name] = tar.extractfile(prefix + name).read().decode("utf-8")
+            if name == "meta-llama-Llama-2-7b-chat-hf.jinja":
+                sources[name] = llama2_template()
+            elif name == "google-gemma-3-it.jinja":
+                sources[name] = gemma3_template()
+            elif name == "mistralai-Mistral-7B-Instruct-v0.3.jinja":
+                sources[name] = mistral_v3_template(tar)
+            else:
+                sources[name] = tar.extractfile(prefix + name).read().decode("utf-8")
             with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="") as f:
                 f.write(sources[name])
 
@@ -175,7 +252,9 @@ def main():
                 except Exception as e:  # the template's raise_exception, or an error rendering it
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
-    out = {"source": f"llama-cpp-python {VERSION} sdist (sha256 {SHA256}), vendor/llama.cpp/models/templates",
+    out = {"source": f"llama-cpp-python {VERSION} sdist (sha256 {SHA256}), vendor/llama.cpp/models/templates and "
+                     f"tests/test-chat-template.cpp (Mistral v3); {TRANSFORMERS_4_42[0]} (Llama 2), "
+                     f"{UNSLOTH[0]} (Gemma 3); SHA-256s in scripts/make_chat_goldens.py",
            "reference": f"transformers {transformers.__version__} render_jinja_template, jinja2 {jinja2.__version__}",
            "now": NOW.isoformat(), "cases": cases}
     with open(os.path.join(args.out, "goldens.json"), "w", encoding="utf-8") as f:

@@ -6,6 +6,7 @@
 #include "engine/common/files.h"
 #include "engine/data/json_file.h"
 #include "engine/data/render_budget.h"
+#include "engine/data/template_support.h"
 #include "engine/data/tokenizer.h"
 #include "jinja/lexer.h"
 #include "jinja/parser.h"
@@ -23,19 +24,6 @@ std::string Tidy(std::string what) {
   return first == std::string::npos ? what : what.substr(first);
 }
 
-std::string LineAndColumn(const std::string& source, size_t pos) {
-  size_t line = 1, column = 1;
-  for (size_t i = 0; i < pos && i < source.size(); ++i) {
-    if (source[i] == '\n') {
-      ++line;
-      column = 1;
-    } else {
-      ++column;
-    }
-  }
-  return "line " + std::to_string(line) + ", column " + std::to_string(column);
-}
-
 // The lexer's and parser's errors show the source around the error rather than its line: their last two lines are
 // "...<up to 40 bytes before and after, newlines shown as ↵>..." and a caret under the error. Reads the error's
 // offset back from them (the snippet starts 40 bytes before the error, or at the start of the source), so that a
@@ -48,14 +36,14 @@ std::string LineOfCaret(const std::string& source, const std::string& what) {
   const size_t snippet_line = what.rfind('\n', caret_line - 1);
   if (caret < 3) return "";
   const size_t offset = caret - 3;
-  if (offset < kPeek) return LineAndColumn(source, offset);
+  if (offset < kPeek) return TemplateLineAndColumn(source, offset);
   // The snippet starts kPeek bytes before the error: find it in the source (its first occurrence).
   std::string snippet = what.substr(snippet_line == std::string::npos ? 0 : snippet_line + 1);
   snippet = snippet.substr(3, snippet.find('\n') - 3);
   for (size_t at; (at = snippet.find("\u21b5")) != std::string::npos;) snippet.replace(at, 3, "\n");
   if (snippet.size() >= 3 && snippet.compare(snippet.size() - 3, 3, "...") == 0) snippet.resize(snippet.size() - 3);
   const size_t start = source.find(snippet);
-  return start == std::string::npos ? "" : LineAndColumn(source, start + offset);
+  return start == std::string::npos ? "" : TemplateLineAndColumn(source, start + offset);
 }
 
 // Some parser errors carry no position at all. The parser reads left to right, so the error lies at the first token
@@ -81,7 +69,7 @@ std::string LineOfFailingToken(const jinja::lexer_result& lexed) {
     else
       lo = mid + 1;
   }
-  return LineAndColumn(lexed.source, lexed.tokens[lo - 1].pos);
+  return TemplateLineAndColumn(lexed.source, lexed.tokens[lo - 1].pos);
 }
 
 // The parser recurses once per nested bracket, block and unary operator without allocating on the way down, where
@@ -125,7 +113,7 @@ std::string TooDeep(const jinja::lexer_result& lexed) {
     }
     after_open_statement = t.t == jinja::token::open_statement;
     if (brackets > kMaxNesting || blocks > kMaxNesting || unary > kMaxNesting)
-      return LineAndColumn(lexed.source, t.pos) + ": nests deeper than " + std::to_string(kMaxNesting) +
+      return TemplateLineAndColumn(lexed.source, t.pos) + ": nests deeper than " + std::to_string(kMaxNesting) +
              " levels (brackets, blocks or unary operators)";
   }
   return "";
@@ -181,6 +169,8 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::Compile(const std::s
     if (where.empty()) where = LineOfFailingToken(lexed);
     return error(e.what(), where);
   }
+  if (const std::string unsupported = FirstUnsupportedConstruct(impl->program, source); !unsupported.empty())
+    return InvalidArgument("chat template " + origin + ", " + unsupported);
   return std::shared_ptr<const ChatTemplate>(new ChatTemplate(std::move(impl)));
 }
 

@@ -1,5 +1,5 @@
 // The chat-template engine against transformers: every case in tests/fixtures/chat_templates/goldens.json (real
-// templates of 20 models, each rendered for a set of conversations by transformers' render_jinja_template; see
+// templates of 23 models, each rendered for a set of conversations by transformers' render_jinja_template; see
 // scripts/make_chat_goldens.py) rendered with the same variables and compared byte for byte, errors included; and
 // every conversation of masks.json built into a sample (tokens and the assistant-only mask) as the reference did:
 // TRL's prompt/completion masks where the template is prefix-preserving, the documented rule elsewhere.
@@ -17,6 +17,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace slide {
 namespace {
@@ -234,13 +236,45 @@ TEST(ChatTemplate, SyntaxErrorNamesTheOriginAndLine) {
   EXPECT_NE(far.status().message().find("line 4, column 1"), std::string::npos) << far.status().message();
 }
 
-TEST(ChatTemplate, UnknownFilterFailsTheRenderWithItsNameAndLine) {
-  auto t = ChatTemplate::Compile("a\n{{ messages[0].content | no_such_filter }}", "t.jinja");
+// The engine looks filters, tests, methods and functions up only when an expression runs: one it lacks, in a branch
+// that only some lines reach, must still fail the job at submission, naming the line and the construct.
+TEST(ChatTemplate, UnsupportedConstructsFailAtCompileWithLineAndName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a\n{% if false %}{{ messages[0].content | no_such_filter }}{% endif %}",
+       "line 2, column 40: filter 'no_such_filter'"},
+      {"{% for m in messages %}\n\n{% if m is no_such_test %}x{% endif %}{% endfor %}",
+       "line 3, column 12: test 'is no_such_test'"},
+      {"{% if add_generation_prompt %}\n  {{ messages[0].content.no_such_method(1) }}{% endif %}",
+       "line 2, column 26: method 'no_such_method()'"},
+      {"{{ lipsum(2) }}", "line 1, column 4: function 'lipsum'"},
+      {"{% filter no_such_block_filter %}x{% endfilter %}", "filter 'no_such_block_filter'"},
+      {"{{ [1, {'k': messages | no_such_in_literal}] }}", "filter 'no_such_in_literal'"},
+  };
+  for (const auto& [source, want] : cases) {
+    SCOPED_TRACE(source);
+    auto t = ChatTemplate::Compile(source, "model/chat_template.jinja");
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("model/chat_template.jinja"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(want), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find("not supported by the template engine"), std::string::npos)
+        << t.status().message();
+  }
+}
+
+// What the check must let through: the engine's aliases, methods on strings, lists and dicts, the template's own
+// macros (also passed by name, and `caller` in a call block), names it binds, and the globals transformers passes.
+TEST(ChatTemplate, SupportedConstructsCompile) {
+  const char* source =
+      "{%- macro render(m, prefix='') -%}{{ prefix }}{{ m.content | trim | d('') }}{%- endmacro -%}"
+      "{%- macro wrap() -%}[{{ caller() }}]{%- endmacro -%}"
+      "{%- set r = render -%}{%- set ns = namespace(n=0) -%}"
+      "{%- for m in messages if m.role is defined and m is mapping -%}"
+      "{{ r(m) }}{{ m.content.startswith('x') }}{{ m.items() | list | count }}{{ (messages | map(attribute='role') | "
+      "join(',')).split(',') | length }}{%- call wrap() -%}{{ loop.index0 is divisibleby(2) }}{%- endcall -%}"
+      "{%- endfor -%}{{ raise_exception('x') if false }}{{ strftime_now('%Y') }}{{ range(3) | list | tojson }}";
+  auto t = ChatTemplate::Compile(source, "t.jinja");
   ASSERT_TRUE(t.ok()) << t.status().message();
-  auto r = (*t)->Render(ordered_json{{"messages", {{{"role", "user"}, {"content", "x"}}}}});
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("no_such_filter"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("line 2"), std::string::npos) << r.status().message();
 }
 
 TEST(ChatTemplate, RaiseExceptionIsAnErrorWithTheTemplatesMessage) {
