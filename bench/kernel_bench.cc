@@ -6,7 +6,9 @@
 // and the full-logits form, with the peak device memory each needs. One JSON line per kernel.
 //
 // usage: kernel_bench [TOKENS] [COPY_GBPS] [KERNEL] [HIDDEN]   (defaults 8192, 4300, every kernel family and 4096;
-// KERNEL is one of rmsnorm, rope, swiglu, convert, ce, lm_head; HIDDEN is the head's)
+// KERNEL is one of rmsnorm, rope, swiglu, convert, ce, lm_head, nf4; HIDDEN is the head's). nf4: QLoRA's base
+// dequantisation over one Llama-3-70B layer's MLP weight (8192 x 28672), checked bit for bit against the CPU routine,
+// with plain and double-quantised scales.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -21,6 +23,7 @@
 #include "engine/kernels/cuda_launchers.h"
 #include "engine/kernels/fused_ops.h"
 #include "engine/model/lm_head_loss.h"
+#include "engine/quant/tensor_nf4.h"
 #include "engine/runtime/device_info.h"
 
 using namespace slide;
@@ -289,6 +292,43 @@ void BenchLmHead(int64_t tokens, int64_t hidden, int64_t vocab, int64_t chunk_to
   }
 }
 
+void BenchNf4(int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (bool double_quant : {false, true}) {
+    at::manual_seed(7);
+    const Nf4Tensors host = QuantizeNf4Tensor(at::randn({n}, at::kBFloat16) * 0.02, double_quant);
+    const Nf4Tensors dev = host.To(cuda);
+    at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kBFloat16).device(cuda));
+    // Checked first: the kernel against the CPU routine (a 1 M-element prefix keeps the CPU side short).
+    const int64_t check = std::min<int64_t>(n, int64_t{1} << 20);
+    Nf4Tensors head = host;
+    head.numel = check;
+    head.packed = host.packed.narrow(0, 0, check / 2).contiguous();
+    if (double_quant) {
+      head.stats_codes = host.stats_codes.narrow(0, 0, check / 64).contiguous();
+      head.absmax2 = host.absmax2.narrow(0, 0, (check / 64 + 255) / 256).contiguous();
+    } else {
+      head.absmax = host.absmax.narrow(0, 0, check / 64).contiguous();
+    }
+    at::Tensor want = at::empty({check}, at::kBFloat16);
+    DequantizeNf4Into(head, want);
+    DequantizeNf4Into(dev, out);
+    const bool equal = at::equal(out.narrow(0, 0, check).cpu(), want);
+    const double ms = TimeMs([&] { DequantizeNf4Into(dev, out); });
+    const double bytes = static_cast<double>(host.bytes()) + 2.0 * static_cast<double>(n);  // read + bf16 written
+    std::printf(
+        "{\"bench\": \"kernel\", \"kernel\": \"nf4_dequant\", \"shape\": \"%lldx%lld\", \"double_quant\": %s, "
+        "\"bit_equal_to_cpu\": %s, \"ms\": %.4f, \"gb_s\": %.0f, \"pct_of_copy\": %.1f, \"bf16_weights_gb_s\": %.0f, "
+        "\"copy_gb_s\": %.0f}\n",
+        static_cast<long long>(rows), static_cast<long long>(cols), double_quant ? "true" : "false",
+        equal ? "true" : "false", ms, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / g_copy_gbps, 2.0 * n / ms / 1e6,
+        g_copy_gbps);
+    std::fflush(stdout);
+    if (!equal) std::exit(1);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -297,8 +337,9 @@ int main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";  // one kernel family: rmsnorm, rope, swiglu, convert, ce, lm_head
   auto wanted = [&](const char* name) { return only.empty() || only == name; };
   if (!only.empty() && !wanted("rmsnorm") && !wanted("rope") && !wanted("swiglu") && !wanted("convert") &&
-      !wanted("ce") && !wanted("lm_head")) {
-    std::fprintf(stderr, "kernel_bench: unknown kernel family '%s' (rmsnorm, rope, swiglu, convert, ce, lm_head)\n",
+      !wanted("ce") && !wanted("lm_head") && !wanted("nf4")) {
+    std::fprintf(stderr,
+                 "kernel_bench: unknown kernel family '%s' (rmsnorm, rope, swiglu, convert, ce, lm_head, nf4)\n",
                  only.c_str());
     return 2;
   }
@@ -316,5 +357,6 @@ int main(int argc, char** argv) {
   if (wanted("ce")) BenchCrossEntropyRows(tokens, 128256 / 8, 128256);
   // The head at another hidden size (argv[4]; Llama-3.2-3B: 3072).
   if (wanted("lm_head")) BenchLmHead(tokens, argc > 4 ? std::atoll(argv[4]) : 4096, 128256, 1024);
+  if (wanted("nf4")) BenchNf4(8192, 28672);
   return 0;
 }

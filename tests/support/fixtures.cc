@@ -102,4 +102,19 @@ ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t lay
   return params;
 }
 
+FixtureTensors::FixtureTensors(const std::string& relative) {
+  auto file = SafetensorsFile::Open(FixturePath(relative));
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (file.ok()) file_ = file.value();
+}
+
+at::Tensor FixtureTensors::operator[](const std::string& name) const {
+  const SafetensorsEntry* e = file_ ? file_->Find(name) : nullptr;
+  EXPECT_NE(e, nullptr) << name;
+  if (e == nullptr) return at::Tensor();
+  auto t = file_->Read(*e);
+  EXPECT_TRUE(t.ok()) << name;
+  return t.ok() ? t.value().contiguous() : at::Tensor();
+}
+
 }  // namespace slide::testing

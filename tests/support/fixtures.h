@@ -30,6 +30,16 @@ struct ModelFixture {
 
 const std::vector<std::string>& FixtureArchitectures();
 
+// A safetensors fixture (tests/fixtures/<relative>) read by tensor name; a missing file or tensor fails the test.
+class FixtureTensors {
+ public:
+  explicit FixtureTensors(const std::string& relative);
+  at::Tensor operator[](const std::string& name) const;  // contiguous
+
+ private:
+  std::shared_ptr<SafetensorsFile> file_;
+};
+
 // The trainer options a fixture's training.json records (torch AdamW's hyper-parameters, clipping, the HF
 // schedule), computing in fp32 with several LM-head chunks.
 TrainerOptions FixtureTrainerOptions(const nlohmann::json& training);

@@ -22,23 +22,10 @@
 namespace slide {
 namespace {
 
-class Bnb {
+// bitsandbytes' fixture.
+class Bnb : public testing::FixtureTensors {
  public:
-  Bnb() {
-    auto file = SafetensorsFile::Open(testing::FixturePath("optim/adamw8bit.safetensors"));
-    EXPECT_TRUE(file.ok()) << file.status().ToString();
-    file_ = file.value();
-  }
-  at::Tensor operator[](const std::string& name) const {
-    const SafetensorsEntry* e = file_->Find(name);
-    EXPECT_NE(e, nullptr) << name;
-    auto t = file_->Read(*e);
-    EXPECT_TRUE(t.ok()) << name;
-    return t.value();
-  }
-
- private:
-  std::shared_ptr<SafetensorsFile> file_;
+  Bnb() : FixtureTensors("optim/adamw8bit.safetensors") {}
 };
 
 AdamWStepArgs FixtureArgs(int64_t step) {  // the fixture's hyperparameters (its metadata)
