@@ -93,14 +93,24 @@ void ExpandNf4Stats(const uint8_t* codes, const float* absmax2, float offset, in
   }
 }
 
-void DequantizeNf4(const uint8_t* packed, const float* absmax, int64_t n, c10::BFloat16* out) {
+namespace {
+template <class T>
+void DequantizeNf4As(const uint8_t* packed, const float* absmax, int64_t n, T* out) {
   const auto& code = Nf4CodeBook();
   for (int64_t i = 0; i < n; i += 2) {
     const uint8_t byte = packed[i / 2];
     const float scale = absmax[i / kNf4Block];
-    out[i] = c10::BFloat16(code[byte >> 4] * scale);
-    out[i + 1] = c10::BFloat16(code[byte & 0xF] * scale);
+    out[i] = T(code[byte >> 4] * scale);
+    out[i + 1] = T(code[byte & 0xF] * scale);
   }
+}
+}  // namespace
+
+void DequantizeNf4(const uint8_t* packed, const float* absmax, int64_t n, c10::BFloat16* out) {
+  DequantizeNf4As(packed, absmax, n, out);
+}
+void DequantizeNf4(const uint8_t* packed, const float* absmax, int64_t n, float* out) {
+  DequantizeNf4As(packed, absmax, n, out);
 }
 
 }  // namespace slide

@@ -46,7 +46,8 @@ void CompressNf4Stats(const float* absmax, int64_t blocks, float offset, uint8_t
 // that order (bitsandbytes' dequantize_blockwise, then the offset added).
 void ExpandNf4Stats(const uint8_t* codes, const float* absmax2, float offset, int64_t blocks, float* absmax);
 
-// out [n] = bf16(NF4[code] * absmax[i / 64]), the product in fp32 rounded to nearest even.
+// out [n] = NF4[code] * absmax[i / 64], the product in fp32 (rounded to nearest even for bf16 output).
 void DequantizeNf4(const uint8_t* packed, const float* absmax, int64_t n, c10::BFloat16* out);
+void DequantizeNf4(const uint8_t* packed, const float* absmax, int64_t n, float* out);
 
 }  // namespace slide

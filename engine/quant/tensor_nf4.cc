@@ -100,17 +100,22 @@ Nf4Tensors QuantizeNf4Tensor(const at::Tensor& x, bool double_quant) {
 
 void DequantizeNf4Into(const Nf4Tensors& w, const at::Tensor& out) {
   CheckLayout(w);
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == w.numel &&
+  const bool bf16 = out.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || out.scalar_type() == at::kFloat) && out.is_contiguous() && out.numel() == w.numel &&
                   out.device() == w.packed.device(),
-              "DequantizeNf4Into: the output must be contiguous bf16 [", w.numel, "] on the weight's device");
-  auto* dst = reinterpret_cast<c10::BFloat16*>(out.data_ptr());
+              "DequantizeNf4Into: the output must be contiguous bf16 or fp32 [", w.numel, "] on the weight's device");
   if (w.packed.is_cpu()) {
     const uint8_t* packed = w.packed.data_ptr<uint8_t>();
-    if (!w.double_quant()) return DequantizeNf4(packed, w.absmax.data_ptr<float>(), w.numel, dst);
-    std::vector<float> absmax(static_cast<size_t>(Blocks(w.numel)));
-    ExpandNf4Stats(w.stats_codes.data_ptr<uint8_t>(), w.absmax2.data_ptr<float>(), w.offset, Blocks(w.numel),
-                   absmax.data());
-    return DequantizeNf4(packed, absmax.data(), w.numel, dst);
+    std::vector<float> expanded;
+    const float* absmax = w.double_quant() ? nullptr : w.absmax.data_ptr<float>();
+    if (w.double_quant()) {
+      expanded.resize(static_cast<size_t>(Blocks(w.numel)));
+      ExpandNf4Stats(w.stats_codes.data_ptr<uint8_t>(), w.absmax2.data_ptr<float>(), w.offset, Blocks(w.numel),
+                     expanded.data());
+      absmax = expanded.data();
+    }
+    if (bf16) return DequantizeNf4(packed, absmax, w.numel, reinterpret_cast<c10::BFloat16*>(out.data_ptr()));
+    return DequantizeNf4(packed, absmax, w.numel, out.data_ptr<float>());
   }
 #if SLIDE_HAVE_CUDA
   TORCH_CHECK(w.packed.is_cuda(), "DequantizeNf4Into: tensors on ", w.packed.device(), " are not supported");
@@ -120,7 +125,8 @@ void DequantizeNf4Into(const Nf4Tensors& w, const at::Tensor& out) {
       w.packed.data_ptr<uint8_t>(), w.double_quant() ? nullptr : w.absmax.data_ptr<float>(),
       w.double_quant() ? w.stats_codes.data_ptr<uint8_t>() : nullptr,
       w.double_quant() ? w.absmax2.data_ptr<float>() : nullptr, w.offset, tables.nf4_code.data_ptr<float>(),
-      tables.stats_map.data_ptr<float>(), out.data_ptr(), w.numel, c10::cuda::getCurrentCUDAStream());
+      tables.stats_map.data_ptr<float>(), bf16 ? cuda::DType::kBFloat16 : cuda::DType::kFloat, out.data_ptr(), w.numel,
+      c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "NF4 dequantisation kernel: ", cudaGetErrorString(err));
 #else
   TORCH_CHECK(false, "DequantizeNf4Into: tensors on ", w.packed.device(), " need a CUDA build");

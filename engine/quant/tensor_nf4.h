@@ -30,7 +30,7 @@ struct Nf4Tensors {
 // submission) as bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64, compress_statistics=double_quant).
 Nf4Tensors QuantizeNf4Tensor(const at::Tensor& x, bool double_quant);
 
-// out: contiguous bf16 [w.numel] on w's device.
+// out: contiguous bf16 or fp32 [w.numel] on w's device.
 void DequantizeNf4Into(const Nf4Tensors& w, const at::Tensor& out);
 
 }  // namespace slide

@@ -83,6 +83,29 @@ class CudaDeviceQueue final : public DeviceQueue {
     return [copied] { copied->synchronize(); };
   }
 
+  std::function<void()> LoadSlotNf4(int slot, at::Tensor dst, const UnitLayout& layout, const Nf4Unit& src) override {
+    if (released_recorded_[slot]) released_[slot].block(h2d_);
+    c10::cuda::CUDAStreamGuard guard(h2d_);
+    auto t0 = Mark(h2d_);
+    // One scratch for every slot: loads and their dequantisation run in order on the copy stream, so the next copy
+    // into it starts after the last kernel read it.
+    const std::vector<const at::Tensor*> from = src.Arrays();
+    const std::vector<at::Tensor*> into = nf4_scratch_.Arrays();
+    for (size_t i = 0; i < from.size(); ++i)
+      if (from[i]->defined() && (!into[i]->defined() || into[i]->numel() < from[i]->numel()))
+        *into[i] = at::empty({from[i]->numel()}, from[i]->options().device(device_));
+    Nf4Unit on_device = Nf4UnitViews(src, nf4_scratch_);
+    const std::vector<at::Tensor*> views = on_device.Arrays();
+    for (size_t i = 0; i < from.size(); ++i)
+      if (from[i]->defined()) views[i]->copy_(*from[i], /*non_blocking=*/true);
+    auto copied = Mark(h2d_);
+    DequantizeNf4Unit(layout, on_device, dst);
+    auto done = Mark(h2d_);
+    t_h2d_.emplace_back(t0, done);
+    loaded_[slot].record(h2d_);
+    return [copied] { copied->synchronize(); };
+  }
+
   void UseSlot(int slot) override {
     if (loaded_[slot].isCreated()) loaded_[slot].block(compute_);
   }
@@ -249,6 +272,7 @@ class CudaDeviceQueue final : public DeviceQueue {
   Segments t_update_;
   Segments t_compute_, t_h2d_, t_d2h_;  // timing pairs per resource
   std::shared_ptr<Event> compute_start_;
+  Nf4Unit nf4_scratch_;  // the device arrays NF4 loads go through (LoadSlotNf4), grown to the largest layer's
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/optim/cpu_adamw.h"
 #include "engine/optim/streamed_adamw.h"
+#include "engine/quant/nf4_unit.h"
 #include "engine/runtime/step_trace.h"
 
 namespace slide {
@@ -41,6 +42,11 @@ class DeviceQueue {
   // Returns a function (callable from any thread) that returns once the copy has read `src`.
   virtual std::function<void()> LoadSlot(int slot, at::Tensor dst, const at::Tensor& src,
                                          int64_t after_update = -1) = 0;
+  // LoadSlot for a decoder layer of an NF4 base: its arrays (page-locked on CUDA) go up into one device scratch and
+  // are dequantised from there into `dst` (the flat slot, compute dtype) on the copy stream, so the slot's compute
+  // waits for the dequantisation as it waits for a copy (UseSlot). `src` must stay unchanged until the returned
+  // function has returned or a later UseSlot(slot) compute has run.
+  virtual std::function<void()> LoadSlotNf4(int slot, at::Tensor dst, const UnitLayout& layout, const Nf4Unit& src) = 0;
   virtual void UseSlot(int slot) = 0;      // compute waits for the slot's last load
   virtual void ReleaseSlot(int slot) = 0;  // compute enqueued so far is the last use of the slot's contents
 

@@ -19,6 +19,14 @@ class HostDeviceQueue final : public DeviceQueue {
     Copy(dst, src, "gpu.h2d", "h2d", busy_.h2d);
     return [] {};
   }
+  std::function<void()> LoadSlotNf4(int, at::Tensor dst, const UnitLayout& layout, const Nf4Unit& src) override {
+    const double t0 = TraceNow();
+    DequantizeNf4Unit(layout, src, dst);
+    const double t1 = TraceNow();
+    busy_.h2d += t1 - t0;
+    spans_.push_back({"gpu.h2d", "h2d nf4", t0, t1});
+    return [] {};
+  }
   void UseSlot(int) override {}
   void ReleaseSlot(int) override {}
   std::function<void()> Offload(at::Tensor dst, const at::Tensor& src) override {

@@ -26,6 +26,11 @@ enum class WeightsFirst {
   kOff,
 };
 
+// How an NF4 base is stored (SlidingOptions::nf4_base).
+struct Nf4BaseOptions {
+  bool double_quant = true;  // the block scales 8-bit as well (bitsandbytes' compress_statistics; QLoRA's default)
+};
+
 struct SlidingOptions {
   TrainerOptions train;              // optimizer, schedule, clipping, compute dtype (bf16|fp32), device
   int64_t window = 2;                // layer slots on the device (>= 1)
@@ -58,6 +63,10 @@ struct SlidingOptions {
   // gradients) and the device trains these LoRA adapters (AdapterStore); no resident layers (a window as deep as
   // the model keeps every layer on the device), no NVMe tier, no streamed share, no weights-first pass.
   std::optional<LoraOptions> adapter{};
+  // With an adapter, QLoRA: the frozen base's decoder layers kept in NF4 (engine/quant/nf4_unit.h; every projection
+  // 4 bits a weight plus its block scales, norms and biases in the compute dtype), dequantised into their slot as
+  // each layer loads. The embedding and the head stay in the compute dtype, as bitsandbytes leaves them.
+  std::optional<Nf4BaseOptions> nf4_base{};
 };
 
 // One checkpointed state array of a unit (SlidingTrainer::StateShapeOf): fp32 [numel] but for adamw_8bit's moments.

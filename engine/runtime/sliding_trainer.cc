@@ -9,6 +9,7 @@
 #include <functional>
 #include <utility>
 
+#include "engine/quant/nf4.h"
 #include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/device_queue.h"
@@ -110,6 +111,12 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
           "NVMe tier, device update share or weights-first pass)");
     if (o.train.optimizer != OptimizerKind::kAdamW) return InvalidArgument("adapters train with fp32 AdamW");
   }
+  if (o.nf4_base) {
+    if (!o.adapter) return InvalidArgument("an NF4 base is frozen: it needs adapter mode");
+    for (int64_t l = 0; l < layout.num_layers(); ++l)
+      for (const ParamSpec& p : layout.layer(l).params)
+        if (p.shape.size() == 2) SLIDE_RETURN_IF_ERROR(CheckNf4Numel(p.numel, p.name));
+  }
   // 8-bit moments are updated by the CPU kernel only so far: every unit's state in host memory, or its moments on
   // the NVMe tier (whole units a chunk; the master stays in host memory).
   if (o.train.optimizer == OptimizerKind::kAdamW8bit &&
@@ -126,7 +133,7 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, 
                      std::move(tier)) {}
 
 SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options,
-                               std::unique_ptr<StateTier> tier)
+                               std::unique_ptr<StateTier> tier, std::vector<Nf4Unit> nf4_layers)
     : cfg_(std::move(cfg)),
       layout_(master_fp32.layout),
       opts_(std::move(options)),
@@ -142,7 +149,7 @@ SlidingTrainer::SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, Slidi
   queue_ = MakeDeviceQueue(opts_.train.device, SlotWindow::QueueSlots(opts_.window));
   // Adapter mode takes the base as loaded (bf16 keeps the host at 2 bytes a parameter); the store converts it.
   units_ = std::make_unique<UnitStore>(opts_.adapter ? std::move(master_fp32) : AdoptOrConvert(std::move(master_fp32)),
-                                       opts_, *queue_, std::move(tier));
+                                       opts_, *queue_, std::move(tier), std::move(nf4_layers));
   if (opts_.adapter) adapters_ = std::make_unique<AdapterStore>(cfg_, *opts_.adapter, device_opts_);
   window_ = std::make_unique<SlotWindow>(cfg_, *units_, *queue_, opts_.window, device_opts_, opts_.checkpoints_on_host);
   updates_ = std::make_unique<UpdateScheduler>(*units_, *queue_, meter_, opts_, simd_);
@@ -162,13 +169,14 @@ StatusOr<std::unique_ptr<StateTier>> SlidingTrainer::OpenTier(const ModelLayout&
 }
 
 StatusOr<std::unique_ptr<SlidingTrainer>> SlidingTrainer::Create(ModelConfig cfg, ModelParams&& master_fp32,
-                                                                 const ResolvedTrainer& resolved) {
+                                                                 const ResolvedTrainer& resolved,
+                                                                 std::vector<Nf4Unit> nf4_layers) {
   SLIDE_RETURN_IF_ERROR(ValidateSlidingOptions(resolved.options, master_fp32.layout));
   SLIDE_ASSIGN_OR_RETURN(std::unique_ptr<StateTier> tier, OpenTier(master_fp32.layout, resolved.options));
   // What can still fail is the environment: host or device memory (RESOURCE_EXHAUSTED), a tier write.
   return StatusFromExceptions<std::unique_ptr<SlidingTrainer>>([&]() -> StatusOr<std::unique_ptr<SlidingTrainer>> {
-    auto trainer =
-        std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), resolved.options, std::move(tier));
+    auto trainer = std::make_unique<SlidingTrainer>(std::move(cfg), std::move(master_fp32), resolved.options,
+                                                    std::move(tier), std::move(nf4_layers));
     trainer->planned_tokens_ = resolved.planned_tokens;
     return trainer;
   });
@@ -200,6 +208,12 @@ void SlidingTrainer::EnsureLoaded(int64_t layer) {
   if (window_->HoldsCurrent(layer)) return;
   const int slot = window_->LayerSlot(layer);
   const at::Tensor dst = window_->LayerWeights(layer);
+  if (const std::shared_ptr<const Nf4Unit>& nf4 = (*units_)[1 + layer].nf4) {  // frozen: no update to wait for
+    queue_->LoadSlotNf4(slot, dst, layout_.layer(layer), *nf4);
+    window_->MarkLoaded(layer);
+    ++slot_loads_;
+    return;
+  }
   updates_->LoadLayer(layer, [&](const at::Tensor& src, int64_t after_update) {
     return queue_->LoadSlot(slot, dst, src, after_update);
   });
@@ -471,8 +485,14 @@ ModelParams SlidingTrainer::MergedWeights() const {
   ModelParams out;
   out.layout = layout_;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
-    const at::Tensor& base = (*units_)[u].staging;
-    at::Tensor w = base.to(at::kCPU, base.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    at::Tensor w;
+    if (const std::shared_ptr<const Nf4Unit>& nf4 = (*units_)[u].nf4) {  // the NF4 base, dequantised
+      w = at::zeros({layout_.units[u].numel}, at::TensorOptions().dtype(opts_.train.compute_dtype));
+      DequantizeNf4Unit(layout_.units[u], *nf4, w);
+    } else {
+      const at::Tensor& base = (*units_)[u].staging;
+      w = base.to(at::kCPU, base.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    }
     if (layout_.units[u].kind == UnitKind::kDecoderLayer)
       MergeAdapter(layout_.units[u], w, adapters_->layout().layers[u - 1], adapter[u - 1], adapters_->lora().scale());
     out.units.push_back(std::move(w));

@@ -25,6 +25,7 @@
 #include "engine/common/status.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/optim/cpu_adamw.h"
+#include "engine/quant/nf4_unit.h"
 #include "engine/runtime/reference_trainer.h"
 #include "engine/runtime/sliding_options.h"
 #include "engine/runtime/step_meter.h"
@@ -49,8 +50,10 @@ class SlidingTrainer {
   SlidingTrainer(ModelConfig cfg, const ModelParams& master_fp32, SlidingOptions options,
                  std::unique_ptr<StateTier> tier = nullptr);
   // Adopts the buffers when they already are fp32 on the host (no second copy of a large model).
+  // With options.nf4_base, `nf4_layers` may hold the decoder layers already quantised (QuantizeNf4Unit; their units
+  // in master_fp32 undefined): a large base is then never whole in the compute dtype. Empty: the store quantises.
   SlidingTrainer(ModelConfig cfg, ModelParams&& master_fp32, SlidingOptions options,
-                 std::unique_ptr<StateTier> tier = nullptr);
+                 std::unique_ptr<StateTier> tier = nullptr, std::vector<Nf4Unit> nf4_layers = {});
   // Opens the NVMe tier `options` asks for (null for mode none): the disk is reserved here.
   static StatusOr<std::unique_ptr<StateTier>> OpenTier(const ModelLayout& layout, const SlidingOptions& options);
 
@@ -58,7 +61,8 @@ class SlidingTrainer {
   // there, with the numbers, before anything large is allocated); opens its NVMe tier. Later micro-batches larger
   // than planned are refused by Step.
   static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
-                                                          const ResolvedTrainer& resolved);
+                                                          const ResolvedTrainer& resolved,
+                                                          std::vector<Nf4Unit> nf4_layers = {});
   // ResolveTrainer(cfg, options, budget), then Create; `plan` (optional) gets the plan.
   static StatusOr<std::unique_ptr<SlidingTrainer>> Create(ModelConfig cfg, ModelParams&& master_fp32,
                                                           SlidingOptions options, PlanRequest budget,

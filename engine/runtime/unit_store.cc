@@ -57,14 +57,35 @@ StateTierOptions TierOptionsFor(const ModelLayout& layout, const SlidingOptions&
 
 // Adapter mode: each unit's weights, converted to the compute dtype one unit at a time (page-locked where a device
 // copies from them), the loaded copy released as it goes; on the CPU an fp32 model computing in fp32 is adopted.
-void UnitStore::StoreFrozen(ModelParams&& loaded_params) {
+void UnitStore::StoreFrozen(ModelParams&& loaded_params, std::vector<Nf4Unit> nf4_layers) {
   const auto dtype = options_.train.compute_dtype;
   const bool on_cuda = options_.train.device.is_cuda();
+  auto pinned = [&](int64_t numel, c10::ScalarType t) { return queue_.AllocateHost(numel, t); };
+  TORCH_CHECK(nf4_layers.empty() || (options_.nf4_base && nf4_layers.size() == size_t(layout_.num_layers())),
+              "NF4 layers given without an NF4 base, or not one per layer");
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
     at::Tensor& loaded = loaded_params.units[u];
     unit.placement = Placement::kFrozen;
     moments_.emplace_back(OptimizerKind::kAdamW, layout_.units[u]);
+    const bool layer = layout_.units[u].kind == UnitKind::kDecoderLayer;
+    if (options_.nf4_base && layer) {
+      Nf4Unit nf4;
+      if (nf4_layers.empty()) {
+        nf4 = QuantizeNf4Unit(layout_.units[u], loaded, options_.nf4_base->double_quant, dtype, pinned);
+      } else {  // page-locked copies of the given arrays, one layer at a time
+        Nf4Unit& given = nf4_layers[u - 1];
+        TORCH_CHECK(given.numel == layout_.units[u].numel && given.entries.size() == layout_.units[u].params.size(),
+                    "NF4 layer ", u - 1, " does not match its layout");
+        nf4 = given;
+        for (at::Tensor* a : nf4.Arrays())
+          if (a->defined()) *a = pinned(a->numel(), a->scalar_type()).copy_(*a);
+        given = Nf4Unit();
+      }
+      unit.nf4 = std::make_shared<const Nf4Unit>(std::move(nf4));
+      loaded = at::Tensor();
+      continue;
+    }
     TORCH_CHECK(loaded.numel() == layout_.units[u].numel, "unit ", u, "'s weights do not match its layout");
     if (!on_cuda && loaded.scalar_type() == dtype && loaded.is_cpu() && loaded.is_contiguous()) {
       unit.staging = loaded;
@@ -86,7 +107,7 @@ StatusOr<std::unique_ptr<StateTier>> UnitStore::OpenTier(const ModelLayout& layo
 }
 
 UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, DeviceQueue& queue,
-                     std::unique_ptr<StateTier> tier)
+                     std::unique_ptr<StateTier> tier, std::vector<Nf4Unit> nf4_layers)
     : layout_(master_fp32.layout), options_(options), queue_(queue), tier_(std::move(tier)) {
   const auto dtype = options.train.compute_dtype;
   const bool on_cuda = options.train.device.is_cuda();
@@ -106,7 +127,7 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
               "the NVMe tier given was opened for other units than options.nvme names");
   units_.resize(layout_.units.size());
   if (options.adapter) {
-    StoreFrozen(std::move(master_fp32));
+    StoreFrozen(std::move(master_fp32), std::move(nf4_layers));
     return;
   }
   const std::vector<Placement> placement = Placements(layout_, options, tier_index);

@@ -5,7 +5,8 @@
 //   streamed  a host unit whose state is page-locked so that whole-update steps can stream it through the
 //             device's AdamW (device_update_share); a weights-first step updates it on the CPU like the others
 //   tier      the moments (and the master, when the tier holds it) on the NVMe tier, read ahead per update
-//   frozen    adapter mode (SlidingOptions::adapter): the compute-dtype weights alone, never updated
+//   frozen    adapter mode (SlidingOptions::adapter): the compute-dtype weights alone, never updated; with an NF4
+//             base (QLoRA) a decoder layer holds its NF4 arrays instead (Unit::nf4) and no staging buffer
 // Every non-resident unit has a staging buffer: the compute-dtype weights the forward loads (the master itself
 // for fp32 compute on the CPU). The store allocates; it does not schedule (UpdateScheduler) or move weights to the
 // device (SlotWindow).
@@ -21,6 +22,7 @@
 #include "engine/io/state_tier.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/optim/moment_layout.h"
+#include "engine/quant/nf4_unit.h"
 #include "engine/runtime/sliding_options.h"
 
 namespace slide {
@@ -49,6 +51,8 @@ struct Unit {
   at::Tensor grad_landing;         // compute dtype [numel], allocated at first need
   at::Tensor grad_sum;             // fp32 [numel], allocated at the first accumulating step
   double sqnorm = 0;
+  // A frozen decoder layer of an NF4 base: its arrays, page-locked (staging is then undefined).
+  std::shared_ptr<const Nf4Unit> nf4;
   // Device, resident units only: weights (the master itself for fp32 compute), fp32 master and moments, the
   // gradient held until the update, its fp32 sum under accumulation and that sum's norm.
   at::Tensor dev_weights, dev_master, dev_exp_avg, dev_exp_avg_sq, dev_grad, dev_grad_sum, dev_norm;
@@ -68,8 +72,10 @@ class UnitStore {
   // Takes the fp32 host master (moved unit by unit into its placement; the loaded copy is released as it goes) and
   // the NVMe tier options.nvme asks for (opened here when null; a failure throws). `queue` page-locks the host
   // buffers the device copies from. The options were checked (ValidateSlidingOptions).
+  // Adapter mode with options.nf4_base: `nf4_layers` holds the decoder layers already quantised (their units in
+  // `master_fp32` undefined), or is empty and the store quantises the loaded layers itself, one at a time.
   UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, DeviceQueue& queue,
-            std::unique_ptr<StateTier> tier);
+            std::unique_ptr<StateTier> tier, std::vector<Nf4Unit> nf4_layers = {});
   // Opens the NVMe tier `options` asks for (null for mode none): the disk is reserved here.
   static StatusOr<std::unique_ptr<StateTier>> OpenTier(const ModelLayout& layout, const SlidingOptions& options);
 
@@ -107,7 +113,7 @@ class UnitStore {
 
  private:
   at::Tensor* HostState(StateKind kind, size_t unit, StateArray* array);  // null when the NVMe tier holds it
-  void StoreFrozen(ModelParams&& loaded);
+  void StoreFrozen(ModelParams&& loaded, std::vector<Nf4Unit> nf4_layers);
 
   ModelLayout layout_;
   const SlidingOptions& options_;

@@ -176,6 +176,24 @@ TEST(Nf4, TensorsRoundTripAsTheRoutines) {
   }
 }
 
+// fp32 output (fp32 compute) is the product itself; bf16 output is that product rounded to nearest even.
+TEST(Nf4, Fp32OutputRoundsToTheBf16Output) {
+  Bnb bnb;
+  for (const std::string& w : kWeights) {
+    SCOPED_TRACE(w);
+    const at::Tensor packed = bnb[w + ".packed"], absmax = bnb[w + ".absmax"], want = bnb[w + ".dequant"];
+    std::vector<float> out(want.numel());
+    DequantizeNf4(packed.data_ptr<uint8_t>(), absmax.data_ptr<float>(), want.numel(), out.data());
+    const at::Tensor rounded = at::from_blob(out.data(), {want.numel()}, at::kFloat).to(at::kBFloat16);
+    EXPECT_EQ(Bits(rounded), Bits(want));
+    for (int64_t i = 0; i < want.numel(); i += 97) {  // and exactly NF4[code] * absmax
+      const uint8_t byte = packed[i / 2].item<uint8_t>();
+      const float code = Nf4CodeBook()[i % 2 == 0 ? byte >> 4 : byte & 0xF];
+      EXPECT_EQ(out[i], code * absmax[i / kNf4Block].item<float>()) << i;
+    }
+  }
+}
+
 TEST(Nf4, ElementCountsMustFillBlocks) {
   EXPECT_TRUE(CheckNf4Numel(4096, "w").ok());
   const Status bad = CheckNf4Numel(4096 + 32, "model.layers.3.mlp.down_proj.weight");
@@ -198,11 +216,14 @@ TEST(Nf4, CudaKernelEqualsTheCpuBitForBit_CUDA) {
       x.narrow(0, 0, 64).zero_();  // a zero block
       x[n / 2] = 7.0;              // an outlier
       const Nf4Tensors host = QuantizeNf4Tensor(x.to(at::kBFloat16), double_quant);
-      at::Tensor want = at::empty({n}, at::kBFloat16);
-      DequantizeNf4Into(host, want);
-      at::Tensor got = at::empty({n}, at::TensorOptions().dtype(at::kBFloat16).device(cuda));
-      DequantizeNf4Into(host.To(cuda), got);
-      EXPECT_EQ(Bits(got.cpu()), Bits(want));
+      for (c10::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+        at::Tensor want = at::empty({n}, dtype);
+        DequantizeNf4Into(host, want);
+        at::Tensor got = at::empty({n}, at::TensorOptions().dtype(dtype).device(cuda));
+        DequantizeNf4Into(host.To(cuda), got);
+        EXPECT_TRUE(at::equal(got.cpu().view(dtype == at::kFloat ? at::kInt : at::kShort),
+                              want.view(dtype == at::kFloat ? at::kInt : at::kShort)));
+      }
     }
   // Every code with every kind of scale: random packed bytes and scales, plain.
   const int64_t n = 64 * 1024;
