@@ -63,27 +63,33 @@ inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
   return c;
 }
 
-// The matrices are drawn in pieces of 4M values, each from its own generator (seeded by its index) on the
+// The matrices are drawn in pieces of 4M values, each from its own generator (seeded by its unit and index) on the
 // process's thread pool: drawn in one stream, 8B's took ~80 s of every benchmark run's start on the GPU box.
 // `dtype` bf16 draws the values in bf16 directly (a frozen base for LoRA: no fp32 copy of a 30B model on the host).
-inline ModelParams RandomLlamaParams(const ModelConfig& cfg, c10::ScalarType dtype = at::kFloat) {
+inline at::Tensor RandomLlamaUnit(const UnitLayout& unit, size_t index, c10::ScalarType dtype) {
   constexpr int64_t kPiece = int64_t(1) << 22;
-  ModelLayout layout = BuildModelLayout(cfg);
-  ModelParams init = ZeroParams(layout, at::TensorOptions().dtype(dtype));
+  at::Tensor flat = at::zeros({unit.numel}, at::TensorOptions().dtype(dtype));
   std::vector<at::Tensor> pieces;
-  for (size_t u = 0; u < layout.units.size(); ++u)
-    for (const auto& p : layout.units[u].params) {
-      at::Tensor v = ParamView(p, init.units[u]).view({-1});
-      if (!p.weight_decay) {
-        v.fill_(1.0);  // norms (no biases in Llama)
-        continue;
-      }
-      for (int64_t b = 0; b < v.numel(); b += kPiece) pieces.push_back(v.narrow(0, b, std::min(kPiece, v.numel() - b)));
+  for (const auto& p : unit.params) {
+    at::Tensor v = ParamView(p, flat).view({-1});
+    if (!p.weight_decay) {
+      v.fill_(1.0);  // norms (no biases in Llama)
+      continue;
     }
+    for (int64_t b = 0; b < v.numel(); b += kPiece) pieces.push_back(v.narrow(0, b, std::min(kPiece, v.numel() - b)));
+  }
   ThreadPool::Default().ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(i) + 1);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>((static_cast<uint64_t>(index) << 32) + i + 1);
     pieces[i].normal_(0, 0.02, gen);
   });
+  return flat;
+}
+
+inline ModelParams RandomLlamaParams(const ModelConfig& cfg, c10::ScalarType dtype = at::kFloat) {
+  ModelParams init;
+  init.layout = BuildModelLayout(cfg);
+  for (size_t u = 0; u < init.layout.units.size(); ++u)
+    init.units.push_back(RandomLlamaUnit(init.layout.units[u], u, dtype));
   return init;
 }
 

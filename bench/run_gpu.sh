@@ -14,6 +14,9 @@
 #   bench/run_gpu.sh lora [32b]  LoRA (adapter mode): builds, the GPU tests, then sliding_bench --lora-r 16 against
 #                                Hugging Face PEFT (bench/peers/peer_train.py peft; wheels from .peer-wheels) at 8B
 #                                batch 8 and 32; with 32b, the Qwen2.5-32B-shaped model (bench/shapes/) instead
+#   bench/run_gpu.sh qlora       QLoRA (NF4 base): builds, the GPU tests, kernel_bench nf4 (the dequantisation's GB/s), then
+#                                sliding_bench on the Llama-3-70B-shaped model (bench/shapes/) with --lora-r 16 --qlora at
+#                                batch 8 and 32 (micro-batches of 8), 24 GiB budget
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -134,6 +137,16 @@ case "$phase" in
         echo "peft 8b batch $b done after $((SECONDS - start)) s"
       done
     fi ;;
+  qlora)
+    build_gpu quant_tests engine_tests kernel_bench sliding_bench
+    echo "build ok after $((SECONDS - start)) s"
+    gpu_tests "${GPU_TESTS_S:-200}"
+    run 120 build-gpu/bench/kernel_bench 8192 "${COPY_GBPS:-3000}" nf4
+    for b in ${QLORA_BATCHES:-8 32}; do
+      run 420 build-gpu/bench/sliding_bench bench/shapes/llama-3-70b "$b" --micro-batch 8 --lora-r 16 --qlora --steps 2 \
+        --warmup-steps 1
+      echo "70b qlora batch $b done after $((SECONDS - start)) s"
+    done ;;
   largest)
     # Batch 8, one timed step. LARGEST_OVERHEAD_GB (default 5): what the CUDA context and libraries take beside the
     # plan's host total (within 1 GiB of the host peak measured at 8B).

@@ -35,6 +35,7 @@ namespace {
 struct Flags {
   std::string shape;
   int64_t batch = 0, seq = 1024, window = 2, head_chunk_tokens = TrainerOptions{}.loss.chunk_tokens;
+  int64_t micro_batch = 0;  // 0: the whole batch at once; else the step accumulates batch / micro_batch of these
   int steps = 3, warmup_steps = 6;
   std::string device = "cuda";
   double max_grad_norm = 1.0;
@@ -52,6 +53,7 @@ struct Flags {
   // LoRA (adapter mode) when lora_r > 0: alpha 0 means 2r; targets comma-separated (PEFT's module names).
   int64_t lora_r = 0;
   double lora_alpha = 0, lora_dropout = 0;
+  bool qlora = false;  // the base's layers in NF4 (double quantised), drawn and quantised one layer at a time
   std::string lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
 };
 
@@ -72,7 +74,9 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"sliding_bench: the sliding trainer's throughput and memory on a random-init model", "sliding_bench"};
   app.add_option("shape", f.shape, "llama-1b | llama-3b | llama-8b | tiny [@LAYERS], or a model directory")->required();
-  app.add_option("batch", f.batch, "sequences a step (one micro-batch)")->required()->check(CLI::Range(1, 1 << 20));
+  app.add_option("batch", f.batch, "sequences a step")->required()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--micro-batch", f.micro_batch, "sequences a micro-batch (a divisor of the batch; 0: the batch)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--seq", f.seq, "tokens a sequence")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", f.steps, "timed steps, after the warm-up")->check(CLI::Range(1, 100000));
   app.add_option("--warmup-steps", f.warmup_steps,
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--lora-alpha", f.lora_alpha, "LoRA alpha (0: twice the rank)");
   app.add_option("--lora-dropout", f.lora_dropout, "LoRA dropout")->check(CLI::Range(0.0, 0.99));
+  app.add_flag("--qlora", f.qlora, "QLoRA: the frozen base's layers in NF4 (needs --lora-r)");
   app.add_option("--lora-targets", f.lora_targets, "LoRA target modules, comma-separated");
   CLI11_PARSE(app, argc, argv);
 
@@ -170,11 +175,15 @@ int main(int argc, char** argv) {
     }
     if (Status st = ValidateLoraOptions(lora, cfg); !st.ok()) return Fail(st.ToString());
     asked.adapter = lora;
+    if (f.qlora) asked.nf4_base = Nf4BaseOptions{};
     asked.device_update_share = 0;
     asked.weights_first = WeightsFirst::kOff;
   }
   PlanRequest budget;
-  budget.micro_batch = f.batch;
+  const int64_t micro = f.micro_batch > 0 ? f.micro_batch : f.batch;
+  if (f.batch % micro != 0) return Fail("--micro-batch must divide the batch");
+  budget.micro_batch = micro;
+  budget.grad_accum = f.batch / micro;
   budget.seq_len = f.seq;
   budget.window = f.window;
   if (f.lora_r > 0 && app.count("--window") == 0) budget.window = 0;  // slots hold the frozen base: the widest fit
@@ -212,8 +221,26 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  auto made = SlidingTrainer::Create(
-      cfg, bench::RandomLlamaParams(cfg, asked.adapter ? asked.train.compute_dtype : at::kFloat), *resolved);
+  if (f.qlora && f.lora_r <= 0) return Fail("--qlora needs --lora-r");
+  ModelParams base;
+  std::vector<Nf4Unit> nf4_layers;
+  const c10::ScalarType base_dtype = asked.adapter ? asked.train.compute_dtype : at::kFloat;
+  if (f.qlora) {  // the layers drawn and quantised one at a time: the base is never whole in bf16
+    base.layout = BuildModelLayout(cfg);
+    for (size_t u = 0; u < base.layout.units.size(); ++u) {
+      at::Tensor unit = bench::RandomLlamaUnit(base.layout.units[u], u, base_dtype);
+      if (base.layout.units[u].kind != UnitKind::kDecoderLayer) {
+        base.units.push_back(std::move(unit));
+        continue;
+      }
+      base.units.emplace_back();
+      nf4_layers.push_back(QuantizeNf4Unit(base.layout.units[u], unit, /*double_quant=*/true, base_dtype,
+                                           [](int64_t n, c10::ScalarType t) { return at::empty({n}, t); }));
+    }
+  } else {
+    base = bench::RandomLlamaParams(cfg, base_dtype);
+  }
+  auto made = SlidingTrainer::Create(cfg, std::move(base), *resolved, std::move(nf4_layers));
   if (!made.ok()) return Fail(made.status().ToString());
   SlidingTrainer& trainer = **made;
   const double peak_after_setup = double(PeakResidentHostBytes());  // start-up's own peak, before any step
@@ -225,8 +252,12 @@ int main(int argc, char** argv) {
 
   auto batch_for = [&](int64_t s) {
     at::manual_seed(s);
-    at::Tensor ids = at::randint(0, cfg.vocab_size, {f.batch, f.seq}, at::kLong);
-    return std::vector<MicroBatch>{{ids, ShiftLabels(ids)}};
+    std::vector<MicroBatch> mbs;
+    for (int64_t m = 0; m < f.batch / micro; ++m) {
+      at::Tensor ids = at::randint(0, cfg.vocab_size, {micro, f.seq}, at::kLong);
+      mbs.push_back({ids, ShiftLabels(ids)});
+    }
+    return mbs;
   };
   const auto bench_start = std::chrono::steady_clock::now();
   const double setup_s = std::chrono::duration<double>(bench_start - main_start).count();  // init, plan, trainer
@@ -311,6 +342,7 @@ int main(int argc, char** argv) {
       {"hidden", cfg.hidden_size},
       {"vocab", cfg.vocab_size},
       {"batch", f.batch},
+      {"micro_batch", micro},
       {"seq", f.seq},
       {"head_chunk_tokens", f.head_chunk_tokens},
       {"window", so.window},
@@ -325,7 +357,7 @@ int main(int argc, char** argv) {
       {"device", f.device},
       {"tokens_per_s", tokens / secs},
       {"model_tflops", (flops_per_token * tokens + attn) / secs / 1e12},
-      {"mode", trainer.adapters() ? "lora" : "full"},
+      {"mode", trainer.adapters() ? (f.qlora ? "qlora" : "lora") : "full"},
       {"lora_r", f.lora_r},
       {"trainable_params", trainable},
       {"step_s", secs / steps},

@@ -5,12 +5,14 @@
 
 #include "engine/io/state_tier.h"
 #include "engine/model/param_layout.h"
+#include "engine/quant/nf4_unit.h"
 
 namespace slide {
 namespace {
 
 struct Shape {
   int64_t layers, max_layer, embed, head, tokens, hidden;
+  int64_t max_nf4_layer = 0;  // an NF4 base: the largest layer's NF4 arrays
 };
 
 // Device bytes per parameter of a resident layer: its compute-dtype weights (none in fp32: they are the master),
@@ -37,6 +39,7 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.streamed_ring_bytes = r.streamed_ring_bytes;
   const bool adapter = r.adapter_numel > 0;
   p.adapter_bytes = adapter ? r.adapter_numel * (16 + (e == 4 ? 0 : e)) : 0;
+  p.nf4_scratch_bytes = adapter && r.nf4_base ? s.max_nf4_layer : 0;
 
   // Head phase: one chunk of logits (compute dtype, fp32, and the fp32->compute gradient copy), the fp32 and
   // compute-dtype LM-head gradient, the normed hidden states in fp32 and their gradient.
@@ -71,7 +74,7 @@ MemoryPlan DeviceSide(const PlanRequest& r, const Shape& s, int64_t window, bool
   p.embed_phase_bytes = embed_phase + small_tensors;
   p.peak_work_bytes = std::max({p.forward_phase_bytes, p.head_phase_bytes, p.layer_phase_bytes, p.embed_phase_bytes});
   p.device_total = p.slot_bytes + p.edge_bytes + p.checkpoint_bytes + p.peak_work_bytes + p.reserved_bytes +
-                   p.resident_bytes + p.streamed_ring_bytes + p.adapter_bytes;
+                   p.resident_bytes + p.streamed_ring_bytes + p.adapter_bytes + p.nf4_scratch_bytes;
   return p;
 }
 
@@ -110,6 +113,16 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   Shape s{layout.num_layers(), 0, layout.embed().numel, layout.head().numel, r.micro_batch * r.seq_len,
           r.model.hidden_size};
   for (int64_t i = 0; i < s.layers; ++i) s.max_layer = std::max(s.max_layer, layout.layer(i).numel);
+  const int64_t e_bytes = c10::elementSize(r.compute_dtype);
+  int64_t nf4_layers_bytes = 0;  // an NF4 base's layers on the host
+  if (r.nf4_base) {
+    if (r.adapter_numel <= 0) return InvalidArgument("an NF4 base needs adapter mode");
+    for (int64_t i = 0; i < s.layers; ++i) {
+      const int64_t b = Nf4UnitBytes(layout.layer(i), r.nf4_double_quant, e_bytes);
+      nf4_layers_bytes += b;
+      s.max_nf4_layer = std::max(s.max_nf4_layer, b);
+    }
+  }
   if (r.window < 0 || r.window > s.layers)
     return InvalidArgument("window must be between 1 and the layer count (" + std::to_string(s.layers) + ")");
 
@@ -188,7 +201,7 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
   for (size_t u = 0; u < tier_index.size(); ++u) tier_moments[u] = tier_index[u] >= 0;
   best.nvme_bytes = MomentBytes(r.optimizer, layout, tier_moments) + (r.master_on_nvme ? 4 * tiered : 0);
   best.nvme_layers = r.moments_on_nvme ? r.nvme_layers : -1;
-  best.staging_bytes = e * n;
+  best.staging_bytes = r.nf4_base ? e * (s.embed + s.head) + nf4_layers_bytes : e * n;
   best.grad_bytes = adapter ? 0 : r.grad_accum > 1 ? (4 + e) * n : (r.compute_dtype == c10::kFloat ? 4 * n : 0);
   best.host_checkpoint_bytes = best.checkpoints_on_host ? s.layers * s.tokens * s.hidden * e : 0;
   int64_t ring_layers = 0;  // layers that may go weights first: on the host, outside the tier
@@ -207,7 +220,7 @@ StatusOr<MemoryPlan> PlanMemory(const PlanRequest& r) {
 }
 
 MemoryPlan::PhasePeaks MemoryPlan::PlannedPhasePeaks() const {
-  const int64_t steady = slot_bytes + edge_bytes + resident_bytes + streamed_ring_bytes;
+  const int64_t steady = slot_bytes + edge_bytes + resident_bytes + streamed_ring_bytes + nf4_scratch_bytes;
   const int64_t inputs = steady + checkpoint_bytes;
   return {.step_start = steady,
           .forward = inputs + forward_phase_bytes,
@@ -232,12 +245,13 @@ std::string MemoryPlan::ToString() const {
   if (streamed_ring_bytes > 0) row("streamed-update ring", streamed_ring_bytes);
   if (resident_layers > 0) row(("resident layers (" + std::to_string(resident_layers) + ")").c_str(), resident_bytes);
   if (adapter_bytes > 0) row("LoRA adapters (fp32 + AdamW)", adapter_bytes);
+  if (nf4_scratch_bytes > 0) row("NF4 layer load scratch", nf4_scratch_bytes);
   row("largest transient phase", peak_work_bytes);
   row("reserved (context, workspaces)", reserved_bytes);
   row("total", device_total);
   out += "host\n";
   if (adapter_bytes > 0) {  // adapter mode: the frozen base alone
-    row("frozen base weights", staging_bytes);
+    row(nf4_scratch_bytes > 0 ? "frozen base (NF4 layers)" : "frozen base weights", staging_bytes);
   } else {
     row("fp32 master weights", master_bytes);
     row(optimizer == OptimizerKind::kAdamW ? "AdamW moments (fp32)" : "AdamW moments (8-bit)", moments_bytes);

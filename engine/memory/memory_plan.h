@@ -52,6 +52,10 @@ struct PlanRequest {
   // window is the widest that fits.
   int64_t adapter_numel = 0;
   bool adapter_dropout = false;  // the masked copies of each targeted projection's input live through the backward
+  // Adapter mode over an NF4 base (SlidingOptions::nf4_base): the host holds the decoder layers as NF4 arrays
+  // (Nf4UnitBytes) and the device one scratch the largest layer's arrays load through.
+  bool nf4_base = false;
+  bool nf4_double_quant = true;
 };
 
 struct MemoryPlan {
@@ -64,8 +68,9 @@ struct MemoryPlan {
   int64_t resident_layers = 0;   // layers [0, resident_layers) live on the device with their optimizer state
   int64_t resident_bytes = 0;
   int64_t streamed_ring_bytes = 0;
-  int64_t adapter_bytes = 0;    // adapter mode: the adapters' master, moments, gradient and compute copy
-  int64_t peak_work_bytes = 0;  // the largest transient phase (forward, head, a layer's backward, embedding)
+  int64_t adapter_bytes = 0;      // adapter mode: the adapters' master, moments, gradient and compute copy
+  int64_t nf4_scratch_bytes = 0;  // an NF4 base: the device arrays a layer load dequantises from
+  int64_t peak_work_bytes = 0;    // the largest transient phase (forward, head, a layer's backward, embedding)
   // Each phase's transient, above the resident buffers and the kept layer inputs (the embedding's: above the
   // resident buffers and, when parked, the two device buffers the inputs come back into).
   int64_t forward_phase_bytes = 0, head_phase_bytes = 0, layer_phase_bytes = 0, embed_phase_bytes = 0;

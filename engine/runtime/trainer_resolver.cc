@@ -25,6 +25,8 @@ StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions 
   if (requested.adapter) {  // a frozen base: nothing resident, streamed or weights first (ValidateSlidingOptions)
     r.adapter_numel = BuildAdapterLayout(cfg, *requested.adapter).TotalNumel();
     r.adapter_dropout = requested.adapter->dropout > 0;
+    r.nf4_base = requested.nf4_base.has_value();
+    if (requested.nf4_base) r.nf4_double_quant = requested.nf4_base->double_quant;
     r.resident_layers = 0;
     r.weights_first = false;
     requested.device_update_share = 0;

@@ -1,6 +1,8 @@
 // The memory planner: window choice, checkpoint placement, host accounting, and refusals with numbers.
 #include "engine/memory/memory_plan.h"
 
+#include "engine/quant/nf4_unit.h"
+
 #include <gtest/gtest.h>
 
 #include "bench/llama_shapes.h"
@@ -379,6 +381,32 @@ TEST(MemoryPlan, AdapterModeHoldsTheFrozenBaseAlone) {
   // What adapter mode does not combine with is refused.
   lora.moments_on_nvme = true;
   EXPECT_EQ(PlanMemory(lora).status().code(), StatusCode::kInvalidArgument);
+}
+
+// QLoRA: the decoder layers as NF4 arrays on the host (about 0.52 bytes a projection weight with double
+// quantisation), the embedding and head in bf16, and one device scratch of the largest layer's arrays.
+TEST(MemoryPlan, Nf4BaseHoldsTheLayersInFourBits) {
+  PlanRequest r = Request8B(24);
+  r.resident_layers = 0;
+  r.adapter_numel = BuildAdapterLayout(r.model, LoraOptions{}).TotalNumel();
+  const MemoryPlan lora = testing::ValueOrDie(PlanMemory(r));
+  r.nf4_base = true;
+  const MemoryPlan q = testing::ValueOrDie(PlanMemory(r));
+  const ModelLayout layout = BuildModelLayout(r.model);
+  int64_t layers = 0;
+  for (int64_t i = 0; i < layout.num_layers(); ++i) layers += Nf4UnitBytes(layout.layer(i), true, 2);
+  EXPECT_EQ(q.staging_bytes, 2 * (layout.embed().numel + layout.head().numel) + layers);
+  EXPECT_EQ(q.nf4_scratch_bytes, Nf4UnitBytes(layout.layer(0), true, 2));
+  EXPECT_LT(double(layers) / double(32 * layout.layer(0).numel), 0.53);
+  EXPECT_LT(q.host_total, lora.host_total / 2);  // 8B: the bf16 embedding and head are 2.1 GB of it
+  EXPECT_EQ(q.device_total - lora.device_total + (lora.window - q.window) * lora.slot_bytes / lora.window,
+            q.nf4_scratch_bytes);
+  ExpectContains(q.ToString(), "NF4 layer load scratch");
+  ExpectContains(q.ToString(), "frozen base (NF4 layers)");
+  r.nf4_double_quant = false;  // an fp32 absmax per 64 weights instead of a byte
+  EXPECT_GT(testing::ValueOrDie(PlanMemory(r)).staging_bytes, q.staging_bytes);
+  r.adapter_numel = 0;
+  EXPECT_EQ(PlanMemory(r).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -73,6 +73,20 @@ TEST(Nf4, QuantisationEqualsBitsandbytesByteForByte) {
   }
 }
 
+// Large weights quantise on the thread pool in tasks of whole blocks: the same bytes as one block at a time.
+TEST(Nf4, ThreadedQuantisationEqualsBlockByBlock) {
+  at::manual_seed(3);
+  const int64_t n = 64 * (3 * 4096 + 5);
+  const at::Tensor x = at::randn({n}) * 0.02;
+  std::vector<uint8_t> packed(n / 2), one_packed(n / 2);
+  std::vector<float> absmax(n / 64), one_absmax(n / 64);
+  QuantizeNf4(x.data_ptr<float>(), n, packed.data(), absmax.data());
+  for (int64_t b = 0; b < n / 64; ++b)
+    QuantizeNf4(x.data_ptr<float>() + b * 64, 64, one_packed.data() + b * 32, one_absmax.data() + b);
+  EXPECT_EQ(packed, one_packed);
+  EXPECT_EQ(absmax, one_absmax);
+}
+
 // Independent of the fixture: a value exactly on a midpoint takes the lower code, the next float above it the upper.
 TEST(Nf4, MidpointsGoToTheLowerCode) {
   const auto& code = Nf4CodeBook();
