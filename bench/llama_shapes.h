@@ -18,7 +18,7 @@
 
 namespace slide::bench {
 
-// NAME is llama-1b | llama-3b | llama-8b | tiny, optionally with "@LAYERS" for that shape at another depth (the
+// NAME is llama-1b | llama-3b | llama-8b | llama-70b | tiny, optionally with "@LAYERS" for that shape at another depth (the
 // size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B parameters).
 // Unknown names, and a depth that is not a positive number, are errors.
 inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
@@ -45,11 +45,13 @@ inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
     c = make(3072, 8192, 28, 24, 8, true);
   } else if (base == "llama-8b") {
     c = make(4096, 14336, 32, 32, 8, false);
+  } else if (base == "llama-70b") {  // Llama-3-70B's shape (bench/shapes/llama-3-70b)
+    c = make(8192, 28672, 80, 64, 8, false);
   } else if (base == "tiny") {
     c = make(256, 512, 4, 4, 2, false);
     c.vocab_size = 1024;
   } else {
-    return InvalidArgument("unknown shape '" + name + "' (llama-1b, llama-3b, llama-8b or tiny, " +
+    return InvalidArgument("unknown shape '" + name + "' (llama-1b, llama-3b, llama-8b, llama-70b or tiny, " +
                            "optionally @LAYERS, or a directory holding config.json)");
   }
   if (at != std::string::npos) {

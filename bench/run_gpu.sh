@@ -16,7 +16,8 @@
 #                                batch 8 and 32; with 32b, the Qwen2.5-32B-shaped model (bench/shapes/) instead
 #   bench/run_gpu.sh qlora       QLoRA (NF4 base): builds, the GPU tests, kernel_bench nf4 (the dequantisation's GB/s), then
 #                                sliding_bench on the Llama-3-70B-shaped model (bench/shapes/) with --lora-r 16 --qlora at
-#                                batch 8 and 32 (micro-batches of 8), 24 GiB budget
+#                                batch 8 and 32 (micro-batches of 8), 24 GiB budget, and PEFT + bitsandbytes QLoRA on the
+#                                whole card at QLORA_PEER_SHAPE (llama-70b) batch 8 (bench/peers/peer_train.py qlora)
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -146,7 +147,11 @@ case "$phase" in
       run 420 build-gpu/bench/sliding_bench bench/shapes/llama-3-70b "$b" --micro-batch 8 --lora-r 16 --qlora --steps 2 \
         --warmup-steps 1
       echo "70b qlora batch $b done after $((SECONDS - start)) s"
-    done ;;
+    done
+    python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
+      bitsandbytes > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
+    PYTHONPATH=/tmp/peft-site run 420 python3 bench/peers/peer_train.py qlora "${QLORA_PEER_SHAPE:-llama-70b}" 8
+    echo "peer qlora done after $((SECONDS - start)) s" ;;
   largest)
     # Batch 8, one timed step. LARGEST_OVERHEAD_GB (default 5): what the CUDA context and libraries take beside the
     # plan's host total (within 1 GiB of the host peak measured at 8B).

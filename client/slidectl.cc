@@ -112,11 +112,16 @@ void PrintJob(const v1::Job& j) {
   std::printf("%s  %-10s step %lld/%lld  loss %.4f", Safe(j.id()).c_str(), v1::JobState_Name(j.state()).c_str(),
               static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()), j.loss());
   if (!j.spec().name().empty()) std::printf("  %s", Safe(j.spec().name()).c_str());
-  if (j.spec().adapter() == v1::ADAPTER_LORA)  // the trainable count is in the job's log ("mode: LoRA ...")
-    std::printf("  mode: lora r %lld on %s", static_cast<long long>(j.spec().lora_r()),
+  if (j.spec().adapter() == v1::ADAPTER_LORA || j.spec().adapter() == v1::ADAPTER_QLORA)  // the trainable count is
+    std::printf("  mode: %s r %lld on %s",  // in the job's log ("mode: LoRA ...")
+                j.spec().adapter() == v1::ADAPTER_QLORA ? "qlora" : "lora", static_cast<long long>(j.spec().lora_r()),
                 Safe(j.spec().lora_target_modules()).c_str());
   else
     std::printf("  mode: full");
+  if (j.trainable_params() > 0 && j.model_params() > 0)  // known once the job has run a step
+    std::printf(" (%lld of %lld parameters trained, %.3f%%)", static_cast<long long>(j.trainable_params()),
+                static_cast<long long>(j.model_params()),
+                100.0 * static_cast<double>(j.trainable_params()) / static_cast<double>(j.model_params()));
   if (!j.error().empty()) std::printf("  error: %s", Safe(j.error()).c_str());
   if (!j.export_dir().empty()) std::printf("  export: %s", Safe(j.export_dir()).c_str());
   std::printf("\n");

@@ -48,6 +48,21 @@ def lora_params(model):
     return [(saved_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def adapter_trajectory(model):
+    """TRAIN's steps of torch AdamW over `model`'s adapters (train.* and each adapter's final.<name>)."""
+    params = [p for _, p in lora_params(model)]
+    assert all(p.dim() == 2 for p in params)
+    opt = torch.optim.AdamW(params, lr=TRAIN["lr"], betas=(TRAIN["beta1"], TRAIN["beta2"]), eps=TRAIN["eps"],
+                            weight_decay=TRAIN["weight_decay"], foreach=False)
+    sched = transformers.get_scheduler(TRAIN["schedule"], opt, num_warmup_steps=TRAIN["warmup_steps"],
+                                       num_training_steps=TRAIN["steps"])
+    gen = torch.Generator().manual_seed(7)
+    ref = train_steps(model, params, opt, sched, gen, model.config.vocab_size, TRAIN)
+    for name, p in lora_params(model):
+        ref[f"final.{name}"] = p.detach().clone()
+    return ref
+
+
 def build(family):
     src = os.path.join(MODELS, family)
     out = os.path.join(src, "lora")
@@ -79,16 +94,8 @@ def build(family):
     ref.update(logits_loss_grads(model, ids, labels, lora_params))
 
     m = copy.deepcopy(model)
-    params = [p for _, p in lora_params(m)]
-    assert all(p.dim() == 2 for p in params)
-    opt = torch.optim.AdamW(params, lr=TRAIN["lr"], betas=(TRAIN["beta1"], TRAIN["beta2"]), eps=TRAIN["eps"],
-                            weight_decay=TRAIN["weight_decay"], foreach=False)
-    sched = transformers.get_scheduler(TRAIN["schedule"], opt, num_warmup_steps=TRAIN["warmup_steps"],
-                                       num_training_steps=TRAIN["steps"])
-    gen = torch.Generator().manual_seed(7)
-    ref.update(train_steps(m, params, opt, sched, gen, m.config.vocab_size, TRAIN))
-    for name, p in lora_params(m):
-        ref[f"final.{name}"] = p.detach().clone()
+    ref.update(adapter_trajectory(m))
+    n_adapter = sum(p.numel() for _, p in lora_params(m))
     merged = m.merge_and_unload()
     for name, p in merged.named_parameters():
         if any(f".{t}.weight" in name for t in TARGETS):
@@ -99,7 +106,7 @@ def build(family):
                        peft=peft.__version__, torch=torch.__version__), f, indent=2)
     for f in os.listdir(out):
         os.chmod(os.path.join(out, f), 0o644)
-    print(f"{family}: {sum(p.numel() for p in params)} adapter params, losses "
+    print(f"{family}: {n_adapter} adapter params, losses "
           f"{[round(x, 4) for x in ref['train.loss'].tolist()]}")
 
 

@@ -21,6 +21,9 @@ DaemonMetrics::DaemonMetrics(const std::string& version, int64_t gpu_budget_byte
   tokens_ = Counter(r, "slide_tokens_total", "Training tokens processed by all jobs");
   job_step_ = Gauge(r, "slide_job_step", "Optimizer step of the running (or last) job");
   job_total_steps_ = Gauge(r, "slide_job_total_steps", "Total optimizer steps of the running (or last) job");
+  job_trainable_params_ = Gauge(r, "slide_job_trainable_parameters",
+                                "Parameters the running (or last) job trains: the model's, or its adapters'");
+  job_model_params_ = Gauge(r, "slide_job_model_parameters", "Parameters of the running (or last) job's model");
   step_seconds_ = Gauge(r, "slide_step_seconds", "Wall time of the last optimizer step");
   tokens_per_second_ = Gauge(r, "slide_tokens_per_second", "Training throughput of the last step");
   tflops_ = Gauge(r, "slide_model_tflops", "Model TFLOPS (6*N*tokens per second) of the last step");
@@ -80,6 +83,8 @@ void DaemonMetrics::OnStep(const TrainingStepEvent& e, int64_t new_steps, int64_
   tokens_->Increment(static_cast<double>(new_steps * tokens_per_step));
   job_step_->Set(static_cast<double>(e.step));
   job_total_steps_->Set(static_cast<double>(e.total_steps));
+  job_trainable_params_->Set(static_cast<double>(e.trainable_params));
+  job_model_params_->Set(static_cast<double>(e.model_params));
   step_seconds_->Set(e.step_seconds);
   tokens_per_second_->Set(e.tokens_per_second);
   tflops_->Set(e.model_tflops);

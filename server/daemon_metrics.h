@@ -33,6 +33,7 @@ class DaemonMetrics final : public JobObserver {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsHttpServer> http_;
   prometheus::Counter *steps_, *tokens_;
+  prometheus::Gauge *job_trainable_params_, *job_model_params_;
   prometheus::Gauge *job_step_, *job_total_steps_, *step_seconds_, *tokens_per_second_, *tflops_, *loss_, *lr_,
       *grad_norm_;
   prometheus::Counter *busy_compute_, *busy_h2d_, *busy_d2h_, *busy_update_, *update_wait_;

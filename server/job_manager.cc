@@ -388,6 +388,8 @@ void JobManager::EngineLoop() {
       if (job->record.state == JobState::kPreparing) SetState(*job, JobState::kRunning);
       job->record.step = s.step;
       job->record.total_steps = s.total_steps;
+      job->record.trainable_params = s.trainable_params;
+      job->record.model_params = s.model_params;
       job->record.loss = s.loss;
       if (options_.observer != nullptr) {
         options_.observer->OnStep(s, std::max<int64_t>(1, s.step - last_step),

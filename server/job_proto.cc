@@ -52,7 +52,8 @@ constexpr Choice<v1::NvmeState, TierMode> kNvmeStates[] = {
     {v1::NVME_STATE_MOMENTS, TierMode::kMoments},
     {v1::NVME_STATE_MOMENTS_AND_MASTER, TierMode::kMomentsAndMaster}};
 constexpr Choice<v1::Adapter, AdapterMethod> kAdapters[] = {{v1::ADAPTER_NONE, AdapterMethod::kNone},
-                                                            {v1::ADAPTER_LORA, AdapterMethod::kLora}};
+                                                            {v1::ADAPTER_LORA, AdapterMethod::kLora},
+                                                            {v1::ADAPTER_QLORA, AdapterMethod::kQLora}};
 constexpr Choice<v1::AdapterExport, AdapterExport> kAdapterExports[] = {
     {v1::ADAPTER_EXPORT_ADAPTER, AdapterExport::kAdapter}, {v1::ADAPTER_EXPORT_MERGED, AdapterExport::kMerged}};
 constexpr Choice<v1::Optimizer, OptimizerKind> kOptimizers[] = {{v1::OPTIMIZER_ADAMW, OptimizerKind::kAdamW},
@@ -213,8 +214,8 @@ StatusOr<TrainingJobSpec> SpecFromProto(const v1::JobSpec& p) {
   }
   const bool lora_fields = p.has_lora_r() || p.has_lora_alpha() || p.lora_dropout() != 0 ||
                            !p.lora_target_modules().empty() || p.adapter_export() != v1::ADAPTER_EXPORT_UNSPECIFIED;
-  if (lora_fields && s.adapter != AdapterMethod::kLora)
-    return InvalidArgument("job fields lora_* and adapter_export need adapter: lora");
+  if (lora_fields && !UsesAdapter(s.adapter))
+    return InvalidArgument("job fields lora_* and adapter_export need adapter: lora or qlora");
   return s;
 }
 
@@ -224,6 +225,8 @@ void JobToProto(const JobRecord& r, v1::Job* out) {
   out->set_state(StateToProto(r.state));
   out->set_step(r.step);
   out->set_total_steps(r.total_steps);
+  out->set_trainable_params(r.trainable_params);
+  out->set_model_params(r.model_params);
   out->set_loss(r.loss);
   out->set_eval_loss(r.eval_loss);
   out->set_error(r.error);
@@ -243,6 +246,8 @@ StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
   SLIDE_ASSIGN_OR_RETURN(r.state, StateFromProto(j.state()));
   r.step = j.step();
   r.total_steps = j.total_steps();
+  r.trainable_params = j.trainable_params();
+  r.model_params = j.model_params();
   r.loss = j.loss();
   r.eval_loss = j.eval_loss();
   r.error = j.error();
@@ -257,6 +262,8 @@ StatusOr<JobRecord> JobFromProto(const v1::Job& j) {
 void MetricsToProto(const TrainingStepEvent& s, bool replayed, v1::StepMetrics* m) {
   m->set_step(s.step);
   m->set_total_steps(s.total_steps);
+  m->set_trainable_params(s.trainable_params);
+  m->set_model_params(s.model_params);
   m->set_loss(s.loss);
   m->set_lr(s.lr);
   m->set_grad_norm(s.grad_norm);
@@ -285,6 +292,8 @@ TrainingStepEvent MetricsFromProto(const v1::StepMetrics& m) {
   TrainingStepEvent s;
   s.step = m.step();
   s.total_steps = m.total_steps();
+  s.trainable_params = m.trainable_params();
+  s.model_params = m.model_params();
   s.loss = m.loss();
   s.lr = m.lr();
   s.grad_norm = m.grad_norm();

@@ -259,6 +259,8 @@ std::vector<StoredJob> DirectoryJobStore::LoadAll(size_t max_events, std::vector
       if (e->kind == JobEventRecord::Kind::kMetrics) {
         job.record.step = e->metrics.step;
         job.record.total_steps = e->metrics.total_steps;
+        job.record.trainable_params = e->metrics.trainable_params;
+        job.record.model_params = e->metrics.model_params;
         job.record.loss = e->metrics.loss;
         break;
       }

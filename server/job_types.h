@@ -30,6 +30,7 @@ struct JobRecord {
   TrainingJobSpec spec;
   JobState state = JobState::kQueued;
   int64_t step = 0, total_steps = 0;
+  int64_t trainable_params = 0, model_params = 0;  // from the step events (0 before the first)
   double loss = 0, eval_loss = -1;
   std::string error, export_dir;
   int64_t created_unix_ms = 0, finished_unix_ms = 0;

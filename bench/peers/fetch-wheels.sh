@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The packages DeepSpeed needs that the GPU box lacks, for its Python 3.12, into DIR (default .peer-wheels, ignored
-# by git): carry DIR to the box and `bench/run_gpu.sh peers` installs them into /tmp/ds-site.
+# The packages the peers need that the GPU box lacks (DeepSpeed's, PEFT's, bitsandbytes for QLoRA), for its Python
+# 3.12, into DIR (default .peer-wheels, ignored by git): carry DIR to the box; bench/run_gpu.sh installs them.
 set -euo pipefail
 dir=${1:-.peer-wheels}
 mkdir -p "$dir"
@@ -9,3 +9,5 @@ pip download --only-binary :all: --python-version 3.12 --platform manylinux_2_17
   --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --no-deps -d "$dir" \
   hjson msgpack ninja py-cpuinfo "pydantic>=2" pydantic-core annotated-types typing-inspection einops nvidia-ml-py \
   psutil typing_extensions numpy packaging tqdm setuptools wheel
+pip download --only-binary :all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps -d "$dir" \
+  peft==0.17.1 accelerate==1.10.1 bitsandbytes==0.50.2

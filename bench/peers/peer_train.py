@@ -15,7 +15,10 @@
                       bf16 base on the GPU, adapters in fp32 (PEFT's default), bf16 autocast, activation
                       checkpointing, fused AdamW over the adapters; model FLOPs 4 per frozen and 6 per trainable
                       parameter (no weight gradient for the base), as sliding_bench --lora-r counts them
-    SHAPE llama-1b | llama-3b | llama-8b (the shapes of bench/llama_shapes.h: vocab 128256), optionally @LAYERS
+          qlora       the same over an NF4 base (bitsandbytes Linear4bit, double quantisation, bf16 compute, each
+                      projection drawn on the GPU and quantised there layer by layer), prepared as QLoRA recipes do
+                      (prepare_model_for_kbit_training: norms and embeddings in fp32, checkpointing)
+    SHAPE llama-1b | llama-3b | llama-8b | llama-70b (the shapes of bench/llama_shapes.h: vocab 128256), optionally @LAYERS
           for that shape at another depth (llama-8b@48: 11.5B parameters), as the largest-model ladder uses
 
 Same work as slideformer's sliding_bench: BATCH sequences of SEQ random tokens per optimizer step, one micro-batch,
@@ -149,10 +152,11 @@ def run_deepspeed(shape, batch, seq, steps):
     return engine, step
 
 
-def run_peft(shape, batch, seq, steps):
+def lora_training(model):
+    """PEFT LoRA (r 16, alpha 32, every projection) over `model` and its training step: bf16 autocast, fused AdamW over
+    the adapters, clipping."""
     import peft
 
-    model = build_model(shape, torch.bfloat16, "cuda")
     config = peft.LoraConfig(task_type="CAUSAL_LM", r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"])
@@ -170,6 +174,55 @@ def run_peft(shape, batch, seq, steps):
         return loss
 
     return model, step
+
+
+def run_peft(shape, batch, seq, steps):
+    return lora_training(build_model(shape, torch.bfloat16, "cuda"))
+
+
+def build_qlora_model(shape):
+    """A random-init Llama with every layer projection a bitsandbytes NF4 Linear4bit, never whole in bf16."""
+    import bitsandbytes as bnb
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = llama_config(shape)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in targets:
+                if not hasattr(parent, name):
+                    continue
+                lin = getattr(parent, name)
+                q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=False, compute_dtype=torch.bfloat16,
+                                      compress_statistics=True, quant_type="nf4", device="meta")
+                w = torch.randn(lin.out_features, lin.in_features, device="cuda", dtype=torch.bfloat16) * 0.02
+                q.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True)
+                q.weight = q.weight.to("cuda")  # quantised here
+                setattr(parent, name, q)
+                del w
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.to_empty(device="cuda")
+            norm.weight.data.fill_(1.0)
+    model.model.norm.to_empty(device="cuda")
+    model.model.norm.weight.data.fill_(1.0)
+    for m in (model.model.embed_tokens, model.lm_head):
+        m.to_empty(device="cuda")
+        m.weight.data = (torch.randn_like(m.weight, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg, device="cuda")
+    model.config.use_cache = False
+    return model
+
+
+def run_qlora(shape, batch, seq, steps):
+    import peft
+
+    model = peft.prepare_model_for_kbit_training(build_qlora_model(shape), use_gradient_checkpointing=True,
+                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
+    return lora_training(model)
 
 
 def phase(name):
@@ -191,12 +244,16 @@ def main():
             import deepspeed
 
             out["deepspeed"] = deepspeed.__version__
-        if mode == "peft":
+        if mode in ("peft", "qlora"):
             import peft
 
             out["peft"] = peft.__version__
+        if mode == "qlora":
+            import bitsandbytes
+
+            out["bitsandbytes"] = bitsandbytes.__version__
         setup = {"plain": run_plain, "fwdbwd": run_fwdbwd, "fsdp2": run_fsdp2, "deepspeed": run_deepspeed,
-                 "peft": run_peft}[mode]
+                 "peft": run_peft, "qlora": run_qlora}[mode]
         t_setup = time.time()
         phase("setup")
         model, step = setup(shape, batch, seq, steps)
@@ -215,8 +272,11 @@ def main():
         secs = (time.time() - t0) / steps
         tokens = batch * seq
         attn = 3.0 * 2.0 * 2.0 * layers * seq * seq * h / 2.0 * batch
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if mode == "peft" else n
-        flops_per_token = 4.0 * (n - trainable) + 6.0 * trainable if mode == "peft" else 6.0 * n
+        if mode == "qlora":  # a Params4bit holds two weights a byte: count the weights it stands for
+            n = sum(p.numel() * (2 if p.dtype == torch.uint8 else 1) for p in model.parameters())
+        adapters = mode in ("peft", "qlora")
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if adapters else n
+        flops_per_token = 4.0 * (n - trainable) + 6.0 * trainable if adapters else 6.0 * n
         out.update({"params": n, "trainable_params": trainable, "tokens_per_s": round(tokens / secs, 1),
                     "step_s": round(secs, 3),
                     "model_tflops": round((flops_per_token * tokens + attn) / secs / 1e12, 2), "loss": loss.item(),

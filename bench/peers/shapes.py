@@ -5,6 +5,7 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
     "llama-1b": (2048, 8192, 16, 32, 8, True),
     "llama-3b": (3072, 8192, 28, 24, 8, True),
     "llama-8b": (4096, 14336, 32, 32, 8, False),
+    "llama-70b": (8192, 28672, 80, 64, 8, False),
 }
 
 
@@ -12,7 +13,7 @@ def dims(shape):
     """SHAPES[name], or for "name@LAYERS" that shape at another depth (bench/llama_shapes.h does the same)."""
     base, _, depth = shape.partition("@")
     if base not in SHAPES or (depth and not (depth.isdigit() and 1 <= int(depth) <= 1024)):
-        raise ValueError(f"unknown shape '{shape}' (llama-1b, llama-3b or llama-8b, optionally @LAYERS)")
+        raise ValueError(f"unknown shape '{shape}' (llama-1b, llama-3b, llama-8b or llama-70b, optionally @LAYERS)")
     h, ff, layers, heads, kv, tied = SHAPES[base]
     return h, ff, int(depth) if depth else layers, heads, kv, tied
 

@@ -1,5 +1,6 @@
 #include "engine/model/hf_checkpoint.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 
@@ -13,6 +14,7 @@
 
 #include "engine/common/files.h"
 #include "engine/model/safetensors.h"
+#include "engine/quant/bnb_4bit.h"
 
 namespace fs = std::filesystem;
 
@@ -124,10 +126,18 @@ bool AllFinite(const at::Tensor& t) {
 
 namespace {
 
-// Each parameter of `layout` with its source tensor: presence, dtype and shape checked, extras refused.
+// Whether a decoder layer's projection is stored in 4 bits (bitsandbytes' packed codes: uint8, half its elements).
+bool StoredIn4Bits(const ParamSpec& spec, const UnitLayout& unit, const SafetensorsEntry& e,
+                   const std::optional<Bnb4bitFormat>& four_bit) {
+  return four_bit && unit.kind == UnitKind::kDecoderLayer && spec.shape.size() == 2 && e.dtype == c10::kByte;
+}
+
+// Each parameter of `layout` with its source tensor: presence, dtype and shape checked, extras refused. In a 4-bit
+// checkpoint a projection may be stored as bitsandbytes' packed codes, its companion tensors beside it.
 StatusOr<std::vector<std::vector<const TensorSource*>>> MatchLayout(const std::map<std::string, TensorSource>& sources,
                                                                     const ModelLayout& layout, const ModelConfig& cfg,
-                                                                    const std::string& model_dir) {
+                                                                    const std::string& model_dir,
+                                                                    const std::optional<Bnb4bitFormat>& four_bit) {
   std::vector<std::vector<const TensorSource*>> matched(layout.units.size());
   std::vector<std::string> missing;
   std::set<std::string> used;
@@ -140,6 +150,23 @@ StatusOr<std::vector<std::vector<const TensorSource*>>> MatchLayout(const std::m
         continue;
       }
       const SafetensorsEntry& e = *it->second.entry;
+      if (StoredIn4Bits(spec, layout.units[u], e, four_bit)) {
+        int64_t numel = 1;
+        for (int64_t d : e.shape) numel *= d;
+        if (numel * 2 != spec.numel)
+          return InvalidArgument(it->second.file->path() + ": tensor '" + spec.name + "' holds " +
+                                 std::to_string(numel) + " bytes of 4-bit codes but config.json implies " +
+                                 ShapeString(spec.shape) + " (" + std::to_string(spec.numel / 2) + " bytes)");
+        for (const std::string& companion : Bnb4bitCompanionNames(spec.name, *four_bit)) {
+          if (!sources.count(companion))
+            return InvalidArgument(model_dir + ": checkpoint lacks tensor '" + companion +
+                                   "' (bitsandbytes' 4-bit state of '" + spec.name + "')");
+          used.insert(companion);
+        }
+        matched[u].push_back(&it->second);
+        used.insert(spec.name);
+        continue;
+      }
       if (e.dtype != c10::kFloat && e.dtype != c10::kHalf && e.dtype != c10::kBFloat16)
         return InvalidArgument(it->second.file->path() + ": tensor '" + spec.name + "' has dtype " +
                                SafetensorsDtypeName(e.dtype) + "; expected F32, F16 or BF16");
@@ -168,30 +195,78 @@ StatusOr<std::vector<std::vector<const TensorSource*>>> MatchLayout(const std::m
 }  // namespace
 
 Status CheckHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg) {
+  SLIDE_ASSIGN_OR_RETURN(const std::optional<Bnb4bitFormat> four_bit, ReadBnb4bitFormat(model_dir));
   SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(fs::path(model_dir)));
-  return MatchLayout(sources, BuildModelLayout(cfg), cfg, model_dir).status();
+  return MatchLayout(sources, BuildModelLayout(cfg), cfg, model_dir, four_bit).status();
+}
+
+Status LoadHfCheckpointUnits(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype,
+                             const std::function<Status(size_t unit, LoadedUnit&& loaded)>& on_unit,
+                             const std::function<Status()>& interrupted) {
+  const fs::path dir(model_dir);
+  SLIDE_ASSIGN_OR_RETURN(const std::optional<Bnb4bitFormat> four_bit, ReadBnb4bitFormat(model_dir));
+  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(dir));
+  const ModelLayout layout = BuildModelLayout(cfg);
+  SLIDE_ASSIGN_OR_RETURN(auto matched, MatchLayout(sources, layout, cfg, model_dir, four_bit));
+  auto read = [&](const std::string& name) -> StatusOr<at::Tensor> {
+    auto it = sources.find(name);
+    if (it == sources.end()) return InvalidArgument(model_dir + ": checkpoint lacks tensor '" + name + "'");
+    return it->second.file->Read(*it->second.entry);
+  };
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const UnitLayout& unit = layout.units[u];
+    bool nf4 = false;
+    for (size_t p = 0; p < unit.params.size(); ++p)
+      nf4 = nf4 || StoredIn4Bits(unit.params[p], unit, *matched[u][p]->entry, four_bit);
+    LoadedUnit loaded;
+    std::optional<Nf4UnitBuilder> builder;
+    if (nf4) {
+      builder.emplace(unit, four_bit->double_quant, dtype,
+                      [](int64_t n, c10::ScalarType t) { return at::empty({n}, at::TensorOptions().dtype(t)); });
+    } else {
+      loaded.flat = at::zeros({unit.numel}, at::TensorOptions().dtype(dtype));
+    }
+    for (size_t p = 0; p < unit.params.size(); ++p) {
+      if (interrupted) SLIDE_RETURN_IF_ERROR(interrupted());
+      const ParamSpec& spec = unit.params[p];
+      const TensorSource& src = *matched[u][p];
+      if (nf4 && StoredIn4Bits(spec, unit, *src.entry, four_bit)) {
+        auto weight = ReadBnb4bitWeight(spec, *four_bit, read);
+        if (!weight.ok()) return weight.status().WithContext(src.file->path());
+        builder->SetQuantized(p, *weight);
+        continue;
+      }
+      SLIDE_ASSIGN_OR_RETURN(at::Tensor value, src.file->Read(*src.entry));
+      // A NaN or Inf weight makes every loss NaN: refuse the model here, naming the tensor, rather than train it.
+      if (!AllFinite(value))
+        return InvalidArgument(src.file->path() + ": tensor '" + spec.name + "' holds NaN or infinite values");
+      if (!nf4) {
+        ParamView(spec, loaded.flat).copy_(value);
+      } else if (spec.shape.size() == 2) {  // a projection the checkpoint kept unquantised (llm_int8_skip_modules)
+        builder->SetQuantized(p, QuantizeNf4Tensor(value.reshape({-1}), four_bit->double_quant));
+      } else {
+        builder->SetRest(p, value);
+      }
+    }
+    if (nf4) loaded.nf4 = builder->Take();
+    SLIDE_RETURN_IF_ERROR(on_unit(u, std::move(loaded)));
+  }
+  return Status::Ok();
 }
 
 StatusOr<ModelParams> LoadHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype,
                                        const std::function<Status()>& interrupted) {
-  const fs::path dir(model_dir);
-  SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(dir));
-  const ModelLayout layout = BuildModelLayout(cfg);
-  SLIDE_ASSIGN_OR_RETURN(auto matched, MatchLayout(sources, layout, cfg, model_dir));
-  ModelParams params = ZeroParams(layout, at::TensorOptions().dtype(dtype));
-  for (size_t u = 0; u < layout.units.size(); ++u) {
-    for (size_t p = 0; p < layout.units[u].params.size(); ++p) {
-      if (interrupted) SLIDE_RETURN_IF_ERROR(interrupted());
-      const ParamSpec& spec = layout.units[u].params[p];
-      const TensorSource& src = *matched[u][p];
-      SLIDE_ASSIGN_OR_RETURN(at::Tensor value, src.file->Read(*src.entry));
-      at::Tensor dst = ParamView(spec, params.units[u]);
-      dst.copy_(value);
-      // A NaN or Inf weight makes every loss NaN: refuse the model here, naming the tensor, rather than train it.
-      if (!AllFinite(dst))
-        return InvalidArgument(src.file->path() + ": tensor '" + spec.name + "' holds NaN or infinite values");
-    }
-  }
+  ModelParams params;
+  params.layout = BuildModelLayout(cfg);
+  SLIDE_RETURN_IF_ERROR(LoadHfCheckpointUnits(
+      model_dir, cfg, dtype,
+      [&](size_t, LoadedUnit&& loaded) {
+        if (loaded.nf4)
+          return InvalidArgument(model_dir + " is saved in 4 bits (bitsandbytes): it trains with adapter: qlora");
+        params.units.push_back(std::move(loaded.flat));
+        return Status::Ok();
+      },
+      interrupted));
   return params;
 }
 

@@ -40,19 +40,17 @@ int64_t Nf4Unit::bytes() const {
   return b;
 }
 
-Nf4Unit QuantizeNf4Unit(const UnitLayout& layout, const at::Tensor& flat, bool double_quant, c10::ScalarType rest_dtype,
-                        const HostAllocator& alloc) {
-  TORCH_CHECK(flat.is_cpu() && flat.numel() == layout.numel,
-              "QuantizeNf4Unit: the layer's weights must be on the host");
-  Nf4Unit unit;
-  unit.numel = layout.numel;
-  unit.double_quant = double_quant;
+Nf4UnitBuilder::Nf4UnitBuilder(const UnitLayout& layout, bool double_quant, c10::ScalarType rest_dtype,
+                               const HostAllocator& alloc)
+    : layout_(layout), set_(layout.params.size(), false) {
+  unit_.numel = layout.numel;
+  unit_.double_quant = double_quant;
   int64_t packed = 0, blocks = 0, stats = 0, rest = 0;
   for (const ParamSpec& p : layout.params) {
     Nf4UnitEntry e;
     e.quantized = Quantized(p);
     if (e.quantized) {
-      TORCH_CHECK(p.numel % kNf4Block == 0, "QuantizeNf4Unit: ", p.name, " is not whole NF4 blocks");
+      TORCH_CHECK(p.numel % kNf4Block == 0, "Nf4UnitBuilder: ", p.name, " is not whole NF4 blocks");
       e.packed_at = packed;
       e.blocks_at = blocks;
       e.stats_at = stats;
@@ -63,36 +61,61 @@ Nf4Unit QuantizeNf4Unit(const UnitLayout& layout, const at::Tensor& flat, bool d
       e.rest_at = rest;
       rest += p.numel;
     }
-    unit.entries.push_back(e);
+    unit_.entries.push_back(e);
   }
-  unit.packed = alloc(packed, at::kByte);
+  unit_.packed = alloc(packed, at::kByte);
   if (double_quant) {
-    unit.stats_codes = alloc(blocks, at::kByte);
-    unit.absmax2 = alloc(stats, at::kFloat);
+    unit_.stats_codes = alloc(blocks, at::kByte);
+    unit_.absmax2 = alloc(stats, at::kFloat);
   } else {
-    unit.absmax = alloc(blocks, at::kFloat);
+    unit_.absmax = alloc(blocks, at::kFloat);
   }
-  unit.rest = alloc(rest, rest_dtype);
+  unit_.rest = alloc(rest, rest_dtype);
+}
+
+void Nf4UnitBuilder::SetQuantized(size_t param, const Nf4Tensors& w) {
+  const ParamSpec& p = layout_.params.at(param);
+  Nf4UnitEntry& e = unit_.entries[param];
+  TORCH_CHECK(e.quantized && w.numel == p.numel && w.double_quant() == unit_.double_quant, "Nf4UnitBuilder: ", p.name,
+              " does not take this NF4 weight");
+  Nf4Tensors dst = EntryTensors(unit_, e, p.numel);
+  dst.packed.copy_(w.packed.reshape({-1}));
+  if (unit_.double_quant) {
+    dst.stats_codes.copy_(w.stats_codes.reshape({-1}));
+    dst.absmax2.copy_(w.absmax2.reshape({-1}));
+    e.offset = w.offset;
+  } else {
+    dst.absmax.copy_(w.absmax.reshape({-1}));
+  }
+  set_[param] = true;
+}
+
+void Nf4UnitBuilder::SetRest(size_t param, const at::Tensor& value) {
+  const ParamSpec& p = layout_.params.at(param);
+  const Nf4UnitEntry& e = unit_.entries[param];
+  TORCH_CHECK(!e.quantized && value.numel() == p.numel, "Nf4UnitBuilder: ", p.name, " is quantised or mis-sized");
+  unit_.rest.narrow(0, e.rest_at, p.numel).copy_(value.reshape({-1}));
+  set_[param] = true;
+}
+
+Nf4Unit Nf4UnitBuilder::Take() {
+  for (size_t i = 0; i < set_.size(); ++i) TORCH_CHECK(set_[i], "Nf4UnitBuilder: ", layout_.params[i].name, " unset");
+  return std::move(unit_);
+}
+
+Nf4Unit QuantizeNf4Unit(const UnitLayout& layout, const at::Tensor& flat, bool double_quant, c10::ScalarType rest_dtype,
+                        const HostAllocator& alloc) {
+  TORCH_CHECK(flat.is_cpu() && flat.numel() == layout.numel,
+              "QuantizeNf4Unit: the layer's weights must be on the host");
+  Nf4UnitBuilder builder(layout, double_quant, rest_dtype, alloc);
   for (size_t i = 0; i < layout.params.size(); ++i) {
-    const ParamSpec& p = layout.params[i];
-    Nf4UnitEntry& e = unit.entries[i];
-    const at::Tensor value = ParamView(p, flat).reshape({-1});
-    if (!e.quantized) {
-      unit.rest.narrow(0, e.rest_at, p.numel).copy_(value);
-      continue;
-    }
-    const Nf4Tensors w = QuantizeNf4Tensor(value, double_quant);
-    Nf4Tensors dst = EntryTensors(unit, e, p.numel);
-    dst.packed.copy_(w.packed);
-    if (double_quant) {
-      dst.stats_codes.copy_(w.stats_codes);
-      dst.absmax2.copy_(w.absmax2);
-      e.offset = w.offset;
-    } else {
-      dst.absmax.copy_(w.absmax);
-    }
+    const at::Tensor value = ParamView(layout.params[i], flat).reshape({-1});
+    if (Quantized(layout.params[i]))
+      builder.SetQuantized(i, QuantizeNf4Tensor(value, double_quant));
+    else
+      builder.SetRest(i, value);
   }
-  return unit;
+  return builder.Take();
 }
 
 Nf4Unit Nf4UnitViews(const Nf4Unit& unit, const Nf4Unit& storage) {

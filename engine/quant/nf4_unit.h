@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model/param_layout.h"
+#include "engine/quant/tensor_nf4.h"
 
 namespace slide {
 
@@ -41,6 +42,21 @@ struct Nf4Unit {
 
 // Host memory for the arrays (page-locked where they will be copied to the device).
 using HostAllocator = std::function<at::Tensor(int64_t numel, c10::ScalarType dtype)>;
+
+// Assembles a layer's arrays parameter by parameter: each 2-D parameter from its NF4 encoding (quantised here, or as
+// read from a 4-bit checkpoint), the rest from its values. Every parameter must be set before Take.
+class Nf4UnitBuilder {
+ public:
+  Nf4UnitBuilder(const UnitLayout& layout, bool double_quant, c10::ScalarType rest_dtype, const HostAllocator& alloc);
+  void SetQuantized(size_t param, const Nf4Tensors& weight);  // its numel the parameter's, the unit's scales
+  void SetRest(size_t param, const at::Tensor& value);        // a 1-D parameter's values, any float dtype
+  Nf4Unit Take();
+
+ private:
+  const UnitLayout& layout_;
+  Nf4Unit unit_;
+  std::vector<bool> set_;
+};
 
 // Quantises a layer: `flat` holds its weights in `layout` (any float dtype, host); `rest_dtype` is the compute dtype.
 Nf4Unit QuantizeNf4Unit(const UnitLayout& layout, const at::Tensor& flat, bool double_quant, c10::ScalarType rest_dtype,

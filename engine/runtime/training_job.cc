@@ -17,6 +17,9 @@
 #include "engine/data/dataset.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/peft_adapter.h"
+#include "engine/quant/bnb_4bit.h"
+#include "engine/quant/nf4.h"
+#include "engine/quant/nf4_unit.h"
 #include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
@@ -25,6 +28,18 @@
 #include "engine/runtime/training_checkpoint.h"
 
 namespace slide {
+
+const char* AdapterMethodName(AdapterMethod m) {
+  switch (m) {
+    case AdapterMethod::kNone:
+      return "none";
+    case AdapterMethod::kLora:
+      return "lora";
+    case AdapterMethod::kQLora:
+      return "qlora";
+  }
+  return "?";
+}
 namespace {
 
 // Sequences per forward/backward (micro_batch_size 0 means no accumulation).
@@ -90,11 +105,12 @@ StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const Traini
   o.nvme = env.nvme;
   o.nvme.mode = spec.nvme_state;
   o.nvme.layers = spec.nvme_layers;
-  const bool lora = spec.adapter == AdapterMethod::kLora;
+  const bool lora = UsesAdapter(spec.adapter);
   if (lora) {
     o.adapter = spec.lora;
     o.adapter->seed = spec.seed;
   }
+  if (spec.adapter == AdapterMethod::kQLora) o.nf4_base = Nf4BaseOptions{.double_quant = true};
   if (cuda && train.compute_dtype == c10::kBFloat16 && spec.nvme_state == TierMode::kNone && !lora)
     o.device_update_share = kDefaultDeviceUpdateShare;
   PlanRequest budget;
@@ -134,9 +150,17 @@ Status CheckJob(const TrainingJobSpec& spec, const JobEnvironment& env) {
 
 // The job's fields that depend on the model: its layer count (nvme_layers) and its context (seq_len).
 Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg) {
-  if (spec.adapter == AdapterMethod::kLora) {  // targets the model has, r within every targeted projection
+  if (UsesAdapter(spec.adapter)) {  // targets the model has, r within every targeted projection
     const Status lora = ValidateLoraOptions(spec.lora, cfg);
     if (!lora.ok()) return InvalidArgument("job field " + lora.message());
+  }
+  if (spec.adapter == AdapterMethod::kQLora) {  // NF4 quantises whole blocks of 64 weights
+    const ModelLayout layout = BuildModelLayout(cfg);
+    for (int64_t l = 0; l < layout.num_layers(); ++l)
+      for (const ParamSpec& p : layout.layer(l).params)
+        if (p.shape.size() == 2)
+          if (Status st = CheckNf4Numel(p.numel, "tensor '" + p.name + "'"); !st.ok())
+            return InvalidArgument("job field 'adapter' is qlora, but " + st.message());
   }
   SLIDE_RETURN_IF_ERROR(Field(
       spec.nvme_layers <= cfg.num_layers, "nvme_layers",
@@ -147,15 +171,25 @@ Status CheckSpecAgainstModel(const TrainingJobSpec& spec, const ModelConfig& cfg
       std::to_string(cfg.max_position_embeddings) + "); set allow_seq_len_beyond_model to train beyond it");
 }
 
+// A model saved in 4 bits by bitsandbytes trains QLoRA only: its base is the NF4 arrays as stored.
+Status CheckQuantisedCheckpoint(const TrainingJobSpec& spec) {
+  SLIDE_ASSIGN_OR_RETURN(const std::optional<Bnb4bitFormat> four_bit, ReadBnb4bitFormat(spec.model_dir));
+  if (four_bit && spec.adapter != AdapterMethod::kQLora)
+    return InvalidArgument(std::string("job field 'adapter' is ") + AdapterMethodName(spec.adapter) + ", but " +
+                           spec.model_dir + " is saved in 4 bits by bitsandbytes: it trains with adapter: qlora");
+  return Status::Ok();
+}
+
 // What a checkpoint must match of the job's adapter: a resume never continues with other adapter settings.
 std::string AdapterFingerprint(const TrainingJobSpec& spec) {
-  if (spec.adapter != AdapterMethod::kLora) return "";
+  if (!UsesAdapter(spec.adapter)) return "";
   std::string targets;
   for (const auto& t : spec.lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
   char buf[96];
   std::snprintf(buf, sizeof(buf), " lora_r=%lld lora_alpha=%.17g lora_dropout=%.17g",
                 static_cast<long long>(spec.lora.r), spec.lora.alpha, spec.lora.dropout);
-  return buf + std::string(" lora_targets=") + targets;
+  // A QLoRA run's adapters were trained against the NF4 base: not to be resumed over the bf16 one, nor the reverse.
+  return buf + std::string(" lora_targets=") + targets + (spec.adapter == AdapterMethod::kQLora ? " base=nf4" : "");
 }
 
 // A messages dataset's template, at submission: it must exist and compile, and render a plain exchange without a
@@ -254,6 +288,7 @@ StatusOr<std::string> PlanTrainingJob(const TrainingJobSpec& spec, const JobEnvi
   // The config's dimensions against the weights' own headers (no data read): a config.json that claims more than
   // its files hold is refused here, not after the planner has sized buffers for it.
   SLIDE_RETURN_IF_ERROR(CheckHfCheckpoint(spec.model_dir, cfg));
+  SLIDE_RETURN_IF_ERROR(CheckQuantisedCheckpoint(spec));
   SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
                          ResolveJobTrainer(cfg, spec, env, JobTrainerOptions(spec, UsesCuda(spec), 1)));
   return resolved.plan.ToString();
@@ -307,15 +342,17 @@ Status ValidateTrainingJobSpec(const TrainingJobSpec& s) {
                               "must be >= 1 (the last N layers' state on the NVMe tier) or 0 (as few as fit)"));
   SLIDE_RETURN_IF_ERROR(Field(s.nvme_layers == -1 || s.nvme_state != TierMode::kNone, "nvme_layers",
                               "needs nvme_state (moments or moments_and_master)"));
-  if (s.adapter == AdapterMethod::kLora) {
+  if (UsesAdapter(s.adapter)) {
     SLIDE_RETURN_IF_ERROR(InRange(s.lora.r, 1, int64_t{1} << 16, "lora_r"));
     SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lora.alpha) && s.lora.alpha > 0, "lora_alpha", "must be > 0"));
     SLIDE_RETURN_IF_ERROR(Field(std::isfinite(s.lora.dropout) && s.lora.dropout >= 0 && s.lora.dropout < 1,
                                 "lora_dropout", "must be in [0, 1)"));
     SLIDE_RETURN_IF_ERROR(Field(s.optimizer == OptimizerKind::kAdamW, "optimizer",
-                                "must be adamw with adapter lora (the adapters' state is small and on the device)"));
+                                std::string("must be adamw with adapter ") + AdapterMethodName(s.adapter) +
+                                    " (the adapters' state is small and on the device)"));
     SLIDE_RETURN_IF_ERROR(Field(s.nvme_state == TierMode::kNone, "nvme_state",
-                                "must be none with adapter lora (the frozen base has no optimizer state)"));
+                                std::string("must be none with adapter ") + AdapterMethodName(s.adapter) +
+                                    " (the frozen base has no optimizer state)"));
   }
   if (s.optimizer == OptimizerKind::kAdamW8bit && s.nvme_state == TierMode::kMomentsAndMaster)
     return InvalidArgument(
@@ -449,6 +486,7 @@ Status TrainingRun::Prepare() {
 
   SLIDE_ASSIGN_OR_RETURN(cfg_, LoadHfConfig(spec_.model_dir));
   SLIDE_RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, cfg_));
+  SLIDE_RETURN_IF_ERROR(CheckQuantisedCheckpoint(spec_));
   SLIDE_RETURN_IF_ERROR(Interrupted("model config read"));
   SLIDE_ASSIGN_OR_RETURN(ds_, LoadJobDataset(spec_, cfg_, [this] { return Interrupted("reading the dataset"); }));
   Log("dataset: " + std::to_string(ds_.stats.samples) + " samples, " + std::to_string(ds_.train.size()) +
@@ -466,14 +504,36 @@ Status TrainingRun::Prepare() {
     return InvalidArgument("job field 'epochs' (" + std::to_string(spec_.epochs) + ") over " + std::to_string(n_train) +
                            " training sequences gives " + std::to_string(total_) + " steps; at most " +
                            std::to_string(JobSizeLimits::max_steps));
-  // A frozen base (adapter mode) is read straight into the compute dtype: 2 bytes a parameter for bf16.
-  const bool lora = spec_.adapter == AdapterMethod::kLora;
-  SLIDE_ASSIGN_OR_RETURN(ModelParams master, LoadHfCheckpoint(spec_.model_dir, cfg_, lora ? dtype : c10::kFloat,
-                                                              [this] { return Interrupted("loading the weights"); }));
+  // A frozen base (adapter mode) is read straight into the compute dtype: 2 bytes a parameter for bf16. QLoRA's
+  // decoder layers are quantised as each is read, so the base is never whole in the compute dtype.
+  const bool lora = UsesAdapter(spec_.adapter);
+  std::vector<Nf4Unit> nf4_layers;
+  ModelParams master;
+  auto interrupted = [this] { return Interrupted("loading the weights"); };
+  if (spec_.adapter == AdapterMethod::kQLora) {
+    master.layout = BuildModelLayout(cfg_);
+    master.units.resize(master.layout.units.size());
+    SLIDE_RETURN_IF_ERROR(LoadHfCheckpointUnits(
+        spec_.model_dir, cfg_, dtype,
+        [&](size_t u, LoadedUnit&& loaded) -> Status {
+          if (loaded.nf4) {  // a checkpoint saved in 4 bits: its arrays as stored
+            nf4_layers.push_back(std::move(*loaded.nf4));
+          } else if (master.layout.units[u].kind == UnitKind::kDecoderLayer) {
+            nf4_layers.push_back(QuantizeNf4Unit(master.layout.units[u], loaded.flat, /*double_quant=*/true, dtype,
+                                                 [](int64_t n, c10::ScalarType t) { return at::empty({n}, t); }));
+          } else {
+            master.units[u] = std::move(loaded.flat);
+          }
+          return Status::Ok();
+        },
+        interrupted));
+  } else {
+    SLIDE_ASSIGN_OR_RETURN(master, LoadHfCheckpoint(spec_.model_dir, cfg_, lora ? dtype : c10::kFloat, interrupted));
+  }
   SLIDE_ASSIGN_OR_RETURN(ResolvedTrainer resolved,
                          ResolveJobTrainer(cfg_, spec_, env_, JobTrainerOptions(spec_, cuda_, total_)));
   const MemoryPlan& plan = resolved.plan;
-  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), resolved));
+  SLIDE_ASSIGN_OR_RETURN(trainer_, SlidingTrainer::Create(cfg_, std::move(master), resolved, std::move(nf4_layers)));
   Log("memory plan:\n" + plan.ToString());
   if (trainer_->tier() != nullptr) Log("optimizer state: " + trainer_->tier()->description());
   Log("training " + std::to_string(total_) + " steps on " + (cuda_ ? "cuda" : "cpu") + " in " +
@@ -484,7 +544,8 @@ Status TrainingRun::Prepare() {
     for (const auto& t : spec_.lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
     char line[256];
     std::snprintf(
-        line, sizeof(line), "mode: LoRA r %lld, alpha %g, dropout %g on %s; %lld trainable of %lld parameters (%.3f%%)",
+        line, sizeof(line), "mode: %s r %lld, alpha %g, dropout %g on %s; %lld trainable of %lld parameters (%.3f%%)",
+        spec_.adapter == AdapterMethod::kQLora ? "QLoRA (NF4 base, double quantised)" : "LoRA",
         static_cast<long long>(spec_.lora.r), spec_.lora.alpha, spec_.lora.dropout, targets.c_str(),
         static_cast<long long>(trainable), static_cast<long long>(all), 100.0 * double(trainable) / double(all));
     Log(line);
@@ -551,6 +612,9 @@ void TrainingRun::ReportStep(const StepStats& st) {
   TrainingStepEvent e;
   e.step = st.step;
   e.total_steps = total_;
+  e.model_params = cfg_.TotalParamCount();
+  const AdapterStore* adapters = trainer_->adapters();
+  e.trainable_params = adapters != nullptr ? adapters->layout().TrainableParams() : e.model_params;
   e.loss = st.loss;
   e.lr = st.lr;
   e.grad_norm = st.grad_norm;

@@ -24,8 +24,12 @@ namespace slide {
 enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto: CUDA when present
 enum class ComputeDtypeChoice { kAuto, kBf16, kFp32 };  // auto: bf16 on CUDA, fp32 on the CPU
 enum class ExportDtype { kBf16, kFp32 };                // the dtype of the exported weights
-enum class AdapterMethod { kNone, kLora };              // none: full fine-tuning
-enum class AdapterExport { kAdapter, kMerged };         // PEFT's adapter files, or the merged model (HF format)
+// none: full fine-tuning; lora: adapters over the frozen base in the compute dtype; qlora: the same over a base
+// whose decoder layers are kept in NF4 (double quantised), quantised layer by layer as the weights are read.
+enum class AdapterMethod { kNone, kLora, kQLora };
+inline bool UsesAdapter(AdapterMethod m) { return m != AdapterMethod::kNone; }
+const char* AdapterMethodName(AdapterMethod m);  // none | lora | qlora
+enum class AdapterExport { kAdapter, kMerged };  // PEFT's adapter files, or the merged model (HF format)
 
 struct TrainingJobSpec {
   std::string model_dir;     // Hugging Face directory: config.json, safetensors, tokenizer.json
@@ -114,6 +118,8 @@ Status CheckTrainingJobOutput(const TrainingJobSpec& spec);
 
 struct TrainingStepEvent {
   int64_t step = 0, total_steps = 0;
+  // What the job trains: every parameter of the model (full fine-tuning) or its adapters' (lora, qlora).
+  int64_t trainable_params = 0, model_params = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   double tokens_per_second = 0, model_tflops = 0, step_seconds = 0;
   double compute_seconds = 0, h2d_seconds = 0, d2h_seconds = 0, cpu_update_seconds = 0;

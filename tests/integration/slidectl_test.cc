@@ -432,8 +432,9 @@ TEST(Slidectl, RenderShowsTheTemplateAndTheTrainedTokens) {
 
 namespace {
 
-// A LoRA job from a job file through the real daemon: trained, its adapter exported in PEFT's files, its mode shown
-// by `get`; a target the model lacks refused at submission naming the field.
+// A LoRA job from a job file through the real daemon: trained, its adapter exported in PEFT's files, its mode and
+// trained-parameter count shown by `get`; the same as QLoRA; a target the model lacks refused at submission naming
+// the field.
 TEST(Slidectl, LoraJobFromAJobFile) {
   Daemon d;
   const std::string addr = "--addr " + d.addr();
@@ -449,8 +450,24 @@ TEST(Slidectl, LoraJobFromAJobFile) {
   EXPECT_TRUE(std::filesystem::exists(d.Path("out-lora/adapter_model.safetensors")));
   r = Slidectl(addr + " get " + id);
   EXPECT_NE(r.out.find("mode: lora r 4 on q_proj,v_proj"), std::string::npos) << r.out;
+  // r 4 on q (128 x 128) and v (64 x 128) of 4 layers: (4 x 128 + 128 x 4 + 4 x 128 + 64 x 4) x 4 = 7,168.
+  EXPECT_NE(r.out.find("(7168 of "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" parameters trained"), std::string::npos) << r.out;
   r = Slidectl(addr + " --json get " + id);
-  EXPECT_EQ(nlohmann::json::parse(r.out)["spec"]["adapter"], "ADAPTER_LORA") << r.out;
+  const auto got = nlohmann::json::parse(r.out);
+  EXPECT_EQ(got["spec"]["adapter"], "ADAPTER_LORA") << r.out;
+  EXPECT_EQ(got.value("trainable_params", std::string()), "7168") << r.out;
+  // The same as QLoRA: the demo model's layers in NF4.
+  r = Slidectl(addr + " --json submit " +
+               WriteJob(d, "qlora", 4, "adapter: qlora\nlora_r: 4\nlora_target_modules: q_proj,v_proj\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string qid = nlohmann::json::parse(r.out)["id"];
+  EXPECT_EQ(Slidectl(addr + " watch " + qid).code, 0);
+  r = Slidectl(addr + " logs " + qid);
+  EXPECT_NE(r.out.find("mode: QLoRA (NF4 base, double quantised) r 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("frozen base (NF4 layers)"), std::string::npos) << r.out;
+  r = Slidectl(addr + " get " + qid);
+  EXPECT_NE(r.out.find("mode: qlora r 4 on q_proj,v_proj (7168 of "), std::string::npos) << r.out;
 
   r = Slidectl(addr + " submit " + WriteJob(d, "lora-bad", 4, "adapter: lora\nlora_target_modules: q_proj,c_attn\n"));
   EXPECT_EQ(r.code, 2) << r.out;

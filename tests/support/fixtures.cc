@@ -1,8 +1,10 @@
 #include "tests/support/fixtures.h"
 
 #include "engine/model/hf_checkpoint.h"
+#include "engine/model/transformer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <ftw.h>
 #include <cstdio>
@@ -115,6 +117,26 @@ at::Tensor FixtureTensors::operator[](const std::string& name) const {
   auto t = file_->Read(*e);
   EXPECT_TRUE(t.ok()) << name;
   return t.ok() ? t.value().contiguous() : at::Tensor();
+}
+
+AdapterPass RunAdapterPass(const ModelConfig& cfg, const ModelParams& base, const AdapterLayout& layout,
+                           const std::vector<at::Tensor>& adapter, double scale, const at::Tensor& ids,
+                           const at::Tensor& labels, c10::ScalarType dtype) {
+  AdapterPass pass;
+  std::vector<LayerAdapter> adapters;
+  for (size_t i = 0; i < adapter.size(); ++i) {
+    pass.leaves.push_back(adapter[i].to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true));
+    adapters.push_back({&layout.layers[i], pass.leaves.back(), scale, 0, 0});
+  }
+  const at::Tensor targets = ShiftLabels(labels);
+  {
+    c10::InferenceMode no_grad;
+    pass.logits = ModelLogits(cfg, base, ids, &adapters);
+  }
+  pass.loss =
+      ModelLoss(cfg, base, ids, targets, CountValidTargets(targets), LossOptions{.chunk_tokens = 24}, &adapters);
+  pass.loss.backward();
+  return pass;
 }
 
 }  // namespace slide::testing

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/model/config.h"
+#include "engine/model/lora.h"
 #include "engine/model/safetensors.h"
 #include "engine/runtime/reference_trainer.h"
 
@@ -52,6 +53,16 @@ std::vector<MicroBatch> RandomMicroBatches(uint64_t seed, int64_t accum, int64_t
 // windows of 1-2 slots are then smaller than the model.
 ModelParams RepeatedLayers(const ModelFixture& fx, ModelConfig* cfg, int64_t layers);
 
+// One forward (logits, without autograd) and one loss with backward of `base` with LoRA adapters (`adapter`, one flat
+// tensor per layer in `layout`, cast to `dtype` as leaves that take the gradients), as the PEFT parity tests compare.
+struct AdapterPass {
+  at::Tensor logits, loss;
+  std::vector<at::Tensor> leaves;  // the adapters, their .grad() filled
+};
+AdapterPass RunAdapterPass(const ModelConfig& cfg, const ModelParams& base, const AdapterLayout& layout,
+                           const std::vector<at::Tensor>& adapter, double scale, const at::Tensor& ids,
+                           const at::Tensor& labels, c10::ScalarType dtype);
+
 // max |a - b|, max |b|, and their ratio (relative to the reference's scale).
 struct TensorDiff {
   double max_abs = 0;
@@ -78,6 +89,12 @@ class TempDir {
   do {                                                 \
     auto slide_s_ = (expr);                            \
     ASSERT_TRUE(slide_s_.ok()) << slide_s_.ToString(); \
+  } while (0)
+// The same, going on after a failure (usable where ASSERT cannot return, e.g. in functions returning a value).
+#define EXPECT_OK(expr)                                \
+  do {                                                 \
+    auto slide_s_ = (expr);                            \
+    EXPECT_TRUE(slide_s_.ok()) << slide_s_.ToString(); \
   } while (0)
 
 template <typename T>

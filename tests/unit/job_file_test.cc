@@ -201,7 +201,7 @@ TEST_F(JobFileTest, PathsThatAreNotReadableFilesGetOneLine) {
 
 namespace {
 
-// The bundled demo job files read as the README says: the full fine-tuning demo and its LoRA variant.
+// The bundled demo job files read as the README says: the full fine-tuning demo and its LoRA and QLoRA variants.
 TEST(BundledJobFiles, DemoJobsRead) {
   slide::v1::JobSpec full, lora;
   EXPECT_EQ(slidectl::LoadJobFile(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/job.yaml", &full), "");
@@ -211,6 +211,10 @@ TEST(BundledJobFiles, DemoJobsRead) {
   EXPECT_EQ(lora.lora_r(), 8);
   EXPECT_EQ(lora.adapter_export(), slide::v1::ADAPTER_EXPORT_ADAPTER);
   EXPECT_EQ(lora.model_dir(), std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/model");  // relative to the file
+  slide::v1::JobSpec qlora;
+  EXPECT_EQ(slidectl::LoadJobFile(std::string(SLIDE_SOURCE_DIR) + "/deploy/demo/qlora-job.yaml", &qlora), "");
+  EXPECT_EQ(qlora.adapter(), slide::v1::ADAPTER_QLORA);
+  EXPECT_EQ(qlora.lora_r(), 8);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ TEST(JobProto, EveryChoiceMapsToTheEngineAndBack) {
       EXPECT_EQ(r->GetEnum(out, f), f->enum_type()->value(v));
     }
   }
-  EXPECT_EQ(values, 37);
+  EXPECT_EQ(values, 38);  // every value of every choice, ADAPTER_QLORA the latest
 }
 
 TEST(JobProto, UnspecifiedTakesTheEnginesDefaults) {
@@ -98,6 +98,7 @@ TEST(JobProto, StepMetricsCarryEveryField) {
   e.cpu_update_seconds = 2.0, e.update_wait_seconds = 1.6, e.weights_first = true, e.overlap_ratio = 1.25;
   e.bounded_by = "update_dependency", e.device_bytes = 1 << 30, e.host_bytes = 2ll << 30, e.pinned_bytes = 3;
   e.nvme_wait_seconds = 0.1, e.nvme_read_bytes = 4, e.nvme_written_bytes = 5, e.nvme_backend = "io_uring";
+  e.trainable_params = 7168, e.model_params = 835968;
   slide::v1::StepMetrics m;
   slide::MetricsToProto(e, /*replayed=*/true, &m);
   const auto* d = slide::v1::StepMetrics::descriptor();
@@ -107,6 +108,8 @@ TEST(JobProto, StepMetricsCarryEveryField) {
   EXPECT_EQ(back.weights_first, true);
   EXPECT_EQ(back.update_wait_seconds, 1.6);
   EXPECT_EQ(back.nvme_backend, "io_uring");
+  EXPECT_EQ(back.trainable_params, 7168);
+  EXPECT_EQ(back.model_params, 835968);
   EXPECT_EQ(back.step, 7);
 }
 

@@ -33,11 +33,13 @@ TEST(LlamaShape, DepthSuffixKeepsTheLayerShapeAndChangesTheDepth) {
   // 16 more layers of 218.1M parameters each.
   EXPECT_NEAR((Params(deep) - Params(base)) / 16 / 1e6, 218.1, 0.1);
   EXPECT_EQ(bench::LlamaShape("tiny@2").value().num_layers, 2);
+  // Llama-3-70B's shape: 70.55B parameters, as bench/shapes/llama-3-70b/config.json describes it.
+  EXPECT_NEAR(Params(bench::LlamaShape("llama-70b").value()) / 1e9, 70.55, 0.01);
 }
 
 TEST(LlamaShape, UnknownNamesAndBadDepthsAreErrors) {
   for (const char* name :
-       {"llama-70b", "", "llama-8b@", "llama-8b@0", "llama-8b@-4", "llama-8b@12x", "llama-8b@2000", "llama8b"}) {
+       {"llama-405b", "", "llama-8b@", "llama-8b@0", "llama-8b@-4", "llama-8b@12x", "llama-8b@2000", "llama8b"}) {
     auto c = bench::LlamaShape(name);
     ASSERT_FALSE(c.ok()) << name;
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << name;

@@ -73,24 +73,11 @@ void CheckAgainstPeft(const LoraFixture& fx, c10::ScalarType dtype) {
   PeftAdapter adapter = ValueOrDie(LoadPeftAdapter(fx.dir, cfg));
   ModelParams base = ValueOrDie(LoadHfCheckpoint(fx.model.dir, cfg, c10::kFloat)).To(at::TensorOptions().dtype(dtype));
   const AdapterLayout layout = BuildAdapterLayout(cfg, adapter.lora);
-  std::vector<at::Tensor> leaves;
-  std::vector<LayerAdapter> adapters;
-  for (size_t i = 0; i < adapter.layers.size(); ++i) {
-    leaves.push_back(adapter.layers[i].to(dtype).requires_grad_(true));
-    adapters.push_back({&layout.layers[i], leaves.back(), adapter.lora.scale(), 0, 0});
-  }
-  at::Tensor ids = fx.Ref("input_ids");
-  at::Tensor targets = ShiftLabels(fx.Ref("labels"));
-  at::Tensor logits;
-  {
-    c10::InferenceMode no_grad;
-    logits = ModelLogits(cfg, base, ids, &adapters);
-  }
-  at::Tensor loss =
-      ModelLoss(cfg, base, ids, targets, CountValidTargets(targets), LossOptions{.chunk_tokens = 24}, &adapters);
-  loss.backward();
-  auto dl = Compare(logits, fx.Ref(tag + ".logits"));
-  auto dloss = Compare(loss.reshape({1}), fx.Ref(tag + ".loss"));
+  const testing::AdapterPass pass = testing::RunAdapterPass(cfg, base, layout, adapter.layers, adapter.lora.scale(),
+                                                            fx.Ref("input_ids"), fx.Ref("labels"), dtype);
+  const std::vector<at::Tensor>& leaves = pass.leaves;
+  auto dl = Compare(pass.logits, fx.Ref(tag + ".logits"));
+  auto dloss = Compare(pass.loss.reshape({1}), fx.Ref(tag + ".loss"));
   double worst = 0;
   for (size_t i = 0; i < layout.layers.size(); ++i) {
     for (const ParamSpec& p : layout.layers[i].params) {

@@ -91,46 +91,154 @@ TEST(TrainingJob, ExportLoadsBackWithTheJobsHeldOutLoss) {
   EXPECT_EQ(EvaluateHeldOutLoss(reload).status().code(), StatusCode::kFailedPrecondition);
 }
 
-// A LoRA job trains adapters over the frozen demo model and exports them in PEFT's files (read back as PEFT's);
-// `adapter_export: merged` writes the base with the adapters merged, whose held-out loss, evaluated afresh from those
-// files, is the job's.
-TEST(TrainingJob, LoraJobTrainsAdaptersAndExportsThem) {
-  testing::TempDir out;
-  TrainingJobSpec spec = DemoSpec(out);
-  spec.adapter = AdapterMethod::kLora;
-  spec.lora.r = 8;
-  spec.lora.alpha = 16;
-  spec.lr = 1e-2;
+// The demo job with adapters (r 8, alpha 16) of `method`, its steps and log captured: it trains (the loss falls) and
+// exports the adapter in PEFT's files, not a model.
+struct AdapterJobRun {
+  TrainingJobSpec spec;
   std::vector<TrainingStepEvent> steps;
-  std::vector<std::string> logs;
-  TrainingCallbacks cb{[&](const std::string& m) { logs.push_back(m); },
-                       [&](const TrainingStepEvent& e) { steps.push_back(e); }};
-  TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, cb, nullptr));
-  ASSERT_EQ(steps.size(), 40u);
-  EXPECT_LT(steps.back().loss, 0.8 * steps.front().loss);
+  std::string log;
+};
+AdapterJobRun RunAdapterJob(const testing::TempDir& out, AdapterMethod method) {
+  AdapterJobRun run{DemoSpec(out), {}, {}};
+  run.spec.adapter = method;
+  run.spec.lora.r = 8;
+  run.spec.lora.alpha = 16;
+  run.spec.lr = 1e-2;
+  TrainingCallbacks cb{[&](const std::string& m) { run.log += m + "\n"; },
+                       [&](const TrainingStepEvent& e) { run.steps.push_back(e); }};
+  testing::ValueOrDie(RunTrainingJob(run.spec, {}, cb, nullptr));
+  EXPECT_EQ(run.steps.size(), 40u);
+  EXPECT_LT(run.steps.back().loss, 0.8 * run.steps.front().loss);
   EXPECT_TRUE(std::filesystem::exists(out.File("export/adapter_config.json")));
   EXPECT_TRUE(std::filesystem::exists(out.File("export/adapter_model.safetensors")));
   EXPECT_FALSE(std::filesystem::exists(out.File("export/model.safetensors")));
-  const ModelConfig cfg = testing::ValueOrDie(LoadHfConfig(spec.model_dir));
-  PeftAdapter exported = testing::ValueOrDie(LoadPeftAdapter(out.File("export"), cfg));
-  EXPECT_EQ(exported.lora.r, 8);
-  EXPECT_EQ(exported.lora.alpha, 16);
-  bool logged_mode = false;
-  for (const auto& l : logs) logged_mode = logged_mode || l.find("mode: LoRA r 8, alpha 16") != std::string::npos;
-  EXPECT_TRUE(logged_mode);
+  return run;
+}
 
+// `adapter_export: merged` (10 steps, fp32) writes the base with the adapters merged, whose held-out loss evaluated
+// afresh from those files is the job's; returns it.
+double MergedExportHeldOutLoss(const testing::TempDir& out, TrainingJobSpec spec) {
   spec.steps = 10;
   spec.adapter_export = AdapterExport::kMerged;
   spec.export_dtype = ExportDtype::kFp32;
   spec.output_dir = out.File("merged");
-  r = testing::ValueOrDie(RunTrainingJob(spec, {}, {}, nullptr));
+  const TrainingResult r = testing::ValueOrDie(RunTrainingJob(spec, {}, {}, nullptr));
   TrainingJobSpec reload = spec;
   reload.adapter = AdapterMethod::kNone;
   reload.model_dir = r.export_dir;
   const double merged = testing::ValueOrDie(EvaluateHeldOutLoss(reload));
   EXPECT_NEAR(merged, r.eval_loss, 1e-5 * r.eval_loss);
-  std::printf("JOB lora loss %.3f -> %.3f; merged export held-out %.6f (job %.6f)\n", steps.front().loss,
-              steps.back().loss, merged, r.eval_loss);
+  return merged;
+}
+
+// A LoRA job trains adapters over the frozen demo model and exports them in PEFT's files (read back as PEFT's), or
+// merged into the base.
+TEST(TrainingJob, LoraJobTrainsAdaptersAndExportsThem) {
+  testing::TempDir out;
+  const AdapterJobRun run = RunAdapterJob(out, AdapterMethod::kLora);
+  const ModelConfig cfg = testing::ValueOrDie(LoadHfConfig(run.spec.model_dir));
+  PeftAdapter exported = testing::ValueOrDie(LoadPeftAdapter(out.File("export"), cfg));
+  EXPECT_EQ(exported.lora.r, 8);
+  EXPECT_EQ(exported.lora.alpha, 16);
+  ExpectContains(run.log, "mode: LoRA r 8, alpha 16");
+  const double merged = MergedExportHeldOutLoss(out, run.spec);
+  std::printf("JOB lora loss %.3f -> %.3f; merged export held-out %.6f\n", run.steps.front().loss,
+              run.steps.back().loss, merged);
+}
+
+// A QLoRA job: the demo model's layers quantised to NF4 as they are read; it trains as LoRA does, logs its mode and
+// plan, and exports its adapters, or the dequantised base with them merged.
+TEST(TrainingJob, QLoraJobTrainsOverAnNf4BaseAndExports) {
+  testing::TempDir out;
+  const AdapterJobRun run = RunAdapterJob(out, AdapterMethod::kQLora);
+  ExpectContains(run.log, "mode: QLoRA (NF4 base, double quantised) r 8, alpha 16");
+  ExpectContains(run.log, "frozen base (NF4 layers)");
+  ExpectContains(run.log, "NF4 layer load scratch");
+  // The same job over the bf16 base starts from nearly the same loss: NF4 moves each weight by at most half a code.
+  TrainingJobSpec lora = run.spec;
+  lora.adapter = AdapterMethod::kLora;
+  lora.steps = 1;
+  lora.output_dir = out.File("lora");
+  std::vector<TrainingStepEvent> lora_steps;
+  testing::ValueOrDie(
+      RunTrainingJob(lora, {}, {nullptr, [&](const TrainingStepEvent& e) { lora_steps.push_back(e); }}, nullptr));
+  EXPECT_NEAR(run.steps.front().loss, lora_steps.front().loss, 0.05 * lora_steps.front().loss);
+  EXPECT_NE(run.steps.front().loss, lora_steps.front().loss);
+  const double merged = MergedExportHeldOutLoss(out, run.spec);
+  std::printf("JOB qlora loss %.3f -> %.3f (lora's first %.3f); merged export held-out %.6f\n", run.steps.front().loss,
+              run.steps.back().loss, lora_steps.front().loss, merged);
+}
+
+// A model saved in 4 bits by transformers + bitsandbytes (the demo model, scripts/make_qlora_fixtures.py): a QLoRA
+// job trains over its NF4 arrays as stored and exports; full fine-tuning and LoRA are refused at submission.
+TEST(TrainingJob, QLoraJobStartsFromACheckpointSavedInFourBits) {
+  testing::TempDir out;
+  TrainingJobSpec spec = DemoSpec(out);
+  spec.model_dir = testing::FixturePath("models/demo-4bit");
+  spec.adapter = AdapterMethod::kQLora;
+  spec.lora.r = 8;
+  spec.lr = 1e-2;
+  spec.steps = 20;
+  std::vector<TrainingStepEvent> steps;
+  TrainingResult r = testing::ValueOrDie(
+      RunTrainingJob(spec, {}, {nullptr, [&](const TrainingStepEvent& e) { steps.push_back(e); }}, nullptr));
+  ASSERT_EQ(steps.size(), 20u);
+  EXPECT_LT(steps.back().loss, 0.9 * steps.front().loss);
+  EXPECT_TRUE(std::filesystem::exists(out.File("export/adapter_model.safetensors")));
+  for (AdapterMethod other : {AdapterMethod::kNone, AdapterMethod::kLora}) {
+    spec.adapter = other;
+    const Status st = PlanTrainingJob(spec, {}).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    ExpectContains(st.message(), "is saved in 4 bits by bitsandbytes: it trains with adapter: qlora");
+  }
+  std::printf("JOB qlora from a 4-bit checkpoint: loss %.3f -> %.3f\n", steps.front().loss, steps.back().loss);
+}
+
+// A model whose projections are not whole NF4 blocks is refused at submission, naming the tensor; a QLoRA checkpoint
+// is not resumed as LoRA (the adapters were trained against the NF4 base).
+TEST(TrainingJob, QLoraRefusalsNameTheCause) {
+  testing::TempDir out;
+  TrainingJobSpec s = DemoSpec(out);
+  s.adapter = AdapterMethod::kQLora;
+  const std::string model = out.File("odd-model");
+  std::filesystem::create_directories(model);
+  for (const auto& e : std::filesystem::directory_iterator(s.model_dir))
+    std::filesystem::copy_file(e.path(), model + "/" + e.path().filename().string());
+  std::string config;
+  {
+    std::ifstream in(model + "/config.json");
+    config.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Hidden 100 and an MLP of 385: gate_proj holds 38,500 weights (601.5 blocks).
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"\"intermediate_size\": 384", "\"intermediate_size\": 385"},
+        {"\"hidden_size\": 128", "\"hidden_size\": 100"}}) {
+    ASSERT_NE(config.find(from), std::string::npos) << from;
+    config.replace(config.find(from), from.size(), to);
+  }
+  std::ofstream(model + "/config.json", std::ios::trunc) << config;
+  s.model_dir = model;
+  const Status st = PlanTrainingJob(s, {}).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  ExpectContains(st.message(),
+                 "job field 'adapter' is qlora, but tensor 'model.layers.0.mlp.gate_proj.weight' has 38500 "
+                 "elements, not a positive multiple of the NF4 block (64)");
+
+  // A QLoRA job suspended with a checkpoint, then the same job as LoRA over the same checkpoint directory.
+  JobEnvironment env;
+  TrainingJobSpec q = DemoSpec(out);
+  q.adapter = AdapterMethod::kQLora;
+  q.lora.r = 4;
+  q.steps = 4;
+  env.checkpoint_dir = out.File("ckpt");
+  std::atomic<bool> suspend{false};
+  TrainingCallbacks cb{nullptr, [&](const TrainingStepEvent& e) { suspend = e.step == 2; }};
+  ASSERT_TRUE(testing::ValueOrDie(RunTrainingJob(q, env, cb, nullptr, &suspend)).suspended);
+  TrainingJobSpec as_lora = q;
+  as_lora.adapter = AdapterMethod::kLora;
+  auto r = RunTrainingJob(as_lora, env, {}, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  ExpectContains(r.status().message(), "belongs to a different job");
 }
 
 // The demo spec changed by `change` fails validation with INVALID_ARGUMENT, its message containing `part`.
@@ -405,8 +513,9 @@ TEST(TrainingJob, ChatJobsUseTheModelsOwnTemplate) {
   std::ofstream(model + "/chat_template.jinja") << "{% for m in messages %}\n{{ m.content | shout }}{% endfor %}";
   plan = PlanTrainingJob(s);
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
-  ExpectContains(plan.status().message(), "chat template " + model + "/chat_template.jinja, line 2, column 16: filter "
-                                           "'shout' is not supported by the template engine");
+  ExpectContains(plan.status().message(), "chat template " + model +
+                                              "/chat_template.jinja, line 2, column 16: filter "
+                                              "'shout' is not supported by the template engine");
   // Also where the rendering probe never goes (a tool message): the check reads the whole template.
   std::ofstream(model + "/chat_template.jinja") << "{% for m in messages %}{% if m.role == 'tool' %}\n"
                                                    "{{ m.content | from_json }}{% else %}{{ m.content }}{% endif %}"
@@ -581,6 +690,15 @@ TEST(TrainingJob, ResumesExactlyWithLoraAdapters) {
                       s.adapter = AdapterMethod::kLora;
                       s.lora.r = 4;
                       s.lora.dropout = 0.1;
+                    });
+}
+
+// QLoRA: the same, the base quantised afresh from the model directory on resume (the same bytes every time).
+TEST(TrainingJob, ResumesExactlyWithQLoraAdapters) {
+  ExpectExactResume({TierMode::kNone, TierMode::kNone, TierMode::kNone}, -1, OptimizerKind::kAdamW,
+                    [](TrainingJobSpec& s) {
+                      s.adapter = AdapterMethod::kQLora;
+                      s.lora.r = 4;
                     });
 }
 
