@@ -197,7 +197,25 @@ StatusOr<std::vector<std::vector<const TensorSource*>>> MatchLayout(const std::m
 Status CheckHfCheckpoint(const std::string& model_dir, const ModelConfig& cfg) {
   SLIDE_ASSIGN_OR_RETURN(const std::optional<Bnb4bitFormat> four_bit, ReadBnb4bitFormat(model_dir));
   SLIDE_ASSIGN_OR_RETURN(auto sources, OpenCheckpoint(fs::path(model_dir)));
-  return MatchLayout(sources, BuildModelLayout(cfg), cfg, model_dir, four_bit).status();
+  const ModelLayout layout = BuildModelLayout(cfg);
+  SLIDE_ASSIGN_OR_RETURN(auto matched, MatchLayout(sources, layout, cfg, model_dir, four_bit));
+  if (!four_bit) return Status::Ok();
+  // A 4-bit checkpoint's small tensors (quant_state, code books, nested absmax) are read here, so that one this
+  // engine does not read fails the submission, not the job; the codes themselves are read when the job runs.
+  auto read = [&](const std::string& name) -> StatusOr<at::Tensor> {
+    auto it = sources.find(name);
+    if (it == sources.end()) return InvalidArgument(model_dir + ": checkpoint lacks tensor '" + name + "'");
+    return it->second.file->Read(*it->second.entry);
+  };
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (size_t p = 0; p < layout.units[u].params.size(); ++p) {
+      const ParamSpec& spec = layout.units[u].params[p];
+      const TensorSource& src = *matched[u][p];
+      if (!StoredIn4Bits(spec, layout.units[u], *src.entry, four_bit)) continue;
+      const auto checked = ReadBnb4bitWeight(spec, *four_bit, read, /*metadata_only=*/true);
+      if (!checked.ok()) return checked.status().WithContext(src.file->path());
+    }
+  return Status::Ok();
 }
 
 Status LoadHfCheckpointUnits(const std::string& model_dir, const ModelConfig& cfg, c10::ScalarType dtype,

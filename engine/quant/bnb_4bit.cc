@@ -67,7 +67,8 @@ std::vector<std::string> Bnb4bitCompanionNames(const std::string& name, const Bn
 }
 
 StatusOr<Nf4Tensors> ReadBnb4bitWeight(const ParamSpec& spec, const Bnb4bitFormat& format,
-                                       const std::function<StatusOr<at::Tensor>(const std::string&)>& read) {
+                                       const std::function<StatusOr<at::Tensor>(const std::string&)>& read,
+                                       bool metadata_only) {
   const std::string& name = spec.name;
   SLIDE_RETURN_IF_ERROR(CheckNf4Numel(spec.numel, "tensor '" + name + "'"));
   const int64_t blocks = spec.numel / kNf4Block, stats = (blocks + kNf4StatsBlock - 1) / kNf4StatsBlock;
@@ -103,24 +104,26 @@ StatusOr<Nf4Tensors> ReadBnb4bitWeight(const ParamSpec& spec, const Bnb4bitForma
 
   Nf4Tensors w;
   w.numel = spec.numel;
-  SLIDE_ASSIGN_OR_RETURN(w.packed, read(name));
-  if (w.packed.scalar_type() != at::kByte || w.packed.numel() != spec.numel / 2)
-    return InvalidArgument("tensor '" + name + "' must hold " + std::to_string(spec.numel / 2) +
-                           " uint8 values (two 4-bit codes each)");
-  w.packed = w.packed.reshape({-1}).contiguous();
   SLIDE_ASSIGN_OR_RETURN(at::Tensor code, read(name + ".quant_map"));
   SLIDE_RETURN_IF_ERROR(SameTable(code, Nf4CodeBook(), name + ".quant_map", "the NF4 code book"));
-  SLIDE_ASSIGN_OR_RETURN(at::Tensor absmax, read(name + ".absmax"));
-  absmax = absmax.reshape({-1}).contiguous();
+  at::Tensor absmax;
+  if (!metadata_only) {
+    SLIDE_ASSIGN_OR_RETURN(w.packed, read(name));
+    if (w.packed.scalar_type() != at::kByte || w.packed.numel() != spec.numel / 2)
+      return InvalidArgument("tensor '" + name + "' must hold " + std::to_string(spec.numel / 2) +
+                             " uint8 values (two 4-bit codes each)");
+    w.packed = w.packed.reshape({-1}).contiguous();
+    SLIDE_ASSIGN_OR_RETURN(absmax, read(name + ".absmax"));
+    absmax = absmax.reshape({-1}).contiguous();
+    const bool plain = !format.double_quant;
+    if (absmax.scalar_type() != (plain ? at::kFloat : at::kByte) || absmax.numel() != blocks)
+      return InvalidArgument("tensor '" + name + ".absmax' must hold " + std::to_string(blocks) +
+                             (plain ? " float32 values" : " uint8 codes (double quantisation)"));
+  }
   if (!format.double_quant) {
-    if (absmax.scalar_type() != at::kFloat || absmax.numel() != blocks)
-      return InvalidArgument("tensor '" + name + ".absmax' must hold " + std::to_string(blocks) + " float32 values");
     w.absmax = absmax;
     return w;
   }
-  if (absmax.scalar_type() != at::kByte || absmax.numel() != blocks)
-    return InvalidArgument("tensor '" + name + ".absmax' must hold " + std::to_string(blocks) +
-                           " uint8 codes (double quantisation)");
   if (!state.contains("nested_blocksize") || state["nested_blocksize"] != kNf4StatsBlock)
     return bad_state("must have nested_blocksize 256");
   if (!state["nested_offset"].is_number()) return bad_state("has a nested_offset that is not a number");

@@ -30,7 +30,10 @@ std::vector<std::string> Bnb4bitCompanionNames(const std::string& name, const Bn
 // One weight from its tensors (`read(name)` gives a tensor of the checkpoint): the packed codes must hold `spec`'s
 // elements, the quant_state name nf4 with blocks of 64 (256 for the nested absmax) and `spec`'s shape, and the code
 // books must be NF4's and the signed dynamic map; each mismatch is INVALID_ARGUMENT naming the tensor.
+// `metadata_only` reads and checks only the small tensors (quant_state, code books, the nested absmax), as submission
+// does: the packed codes and the absmax are not read, and the result holds no arrays.
 StatusOr<Nf4Tensors> ReadBnb4bitWeight(const ParamSpec& spec, const Bnb4bitFormat& format,
-                                       const std::function<StatusOr<at::Tensor>(const std::string&)>& read);
+                                       const std::function<StatusOr<at::Tensor>(const std::string&)>& read,
+                                       bool metadata_only = false);
 
 }  // namespace slide

@@ -189,6 +189,7 @@ TEST_P(QLoraParity, FiveStepTrajectoryEqualsPeftAndTheSlidingTrainerFollows) {
 INSTANTIATE_TEST_SUITE_P(Families, QLoraParity, ::testing::ValuesIn(kFamilies),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// Every case fails at submission (CheckHfCheckpoint), before any code is read.
 // A copy of the llama3 4-bit base with `edit` applied to its tensors (and `config_edit` to its config.json).
 std::string EditedBase(const TempDir& tmp, const std::function<void(NamedTensors&)>& edit,
                        const std::function<void(nlohmann::json&)>& config_edit = {}) {
@@ -205,10 +206,12 @@ std::string EditedBase(const TempDir& tmp, const std::function<void(NamedTensors
   return dst;
 }
 
+// What submission checks (the headers and the small tensors, not the codes).
+Status CheckEdited(const std::string& dir) { return CheckHfCheckpoint(dir, ValueOrDie(LoadHfConfig(dir))); }
+
 Status LoadEdited(const std::string& dir) {
-  const ModelConfig cfg = ValueOrDie(LoadHfConfig(dir));
-  SLIDE_RETURN_IF_ERROR(CheckHfCheckpoint(dir, cfg));
-  return LoadHfCheckpointUnits(dir, cfg, c10::kFloat, [](size_t, LoadedUnit&&) { return Status::Ok(); });
+  return LoadHfCheckpointUnits(dir, ValueOrDie(LoadHfConfig(dir)), c10::kFloat,
+                               [](size_t, LoadedUnit&&) { return Status::Ok(); });
 }
 
 TEST(Bnb4bitCheckpoint, WhatTheEngineDoesNotReadIsRefusedNamingIt) {
@@ -219,11 +222,11 @@ TEST(Bnb4bitCheckpoint, WhatTheEngineDoesNotReadIsRefusedNamingIt) {
     ExpectContains(st.message(), part);
   };
   // Unread quantisations, from config.json.
-  expect(LoadEdited(EditedBase(
+  expect(CheckEdited(EditedBase(
              tmp, [](NamedTensors&) {},
              [](nlohmann::json& c) { c["quantization_config"]["bnb_4bit_quant_type"] = "fp4"; })),
          "quantization_config has bnb_4bit_quant_type 'fp4'");
-  expect(LoadEdited(EditedBase(
+  expect(CheckEdited(EditedBase(
              tmp, [](NamedTensors&) {},
              [](nlohmann::json& c) {
                c["quantization_config"]["load_in_4bit"] = false;
@@ -232,33 +235,34 @@ TEST(Bnb4bitCheckpoint, WhatTheEngineDoesNotReadIsRefusedNamingIt) {
          "is 8-bit (load_in_8bit)");
   // A missing absmax.
   expect(
-      LoadEdited(EditedBase(
+      CheckEdited(EditedBase(
           tmp, [&](NamedTensors& t) { std::erase_if(t, [&](const auto& kv) { return kv.first == q + ".absmax"; }); })),
       "checkpoint lacks tensor '" + q + ".absmax' (bitsandbytes' 4-bit state of '" + q + "')");
   // A quant_state of another type.
-  expect(LoadEdited(EditedBase(tmp,
-                               [&](NamedTensors& t) {
-                                 for (auto& [name, v] : t)
-                                   if (name == q + ".quant_state.bitsandbytes__nf4") {
-                                     std::string text(reinterpret_cast<const char*>(v.data_ptr<uint8_t>()), v.numel());
-                                     text.replace(text.find("\"nf4\""), 5, "\"fp4\"");
-                                     v = at::from_blob(text.data(), {int64_t(text.size())}, at::kByte).clone();
-                                   }
-                               })),
+  expect(CheckEdited(EditedBase(tmp,
+                                [&](NamedTensors& t) {
+                                  for (auto& [name, v] : t)
+                                    if (name == q + ".quant_state.bitsandbytes__nf4") {
+                                      std::string text(reinterpret_cast<const char*>(v.data_ptr<uint8_t>()), v.numel());
+                                      text.replace(text.find("\"nf4\""), 5, "\"fp4\"");
+                                      v = at::from_blob(text.data(), {int64_t(text.size())}, at::kByte).clone();
+                                    }
+                                })),
          "tensor '" + q + ".quant_state.bitsandbytes__nf4' has quant_type 'fp4'; only nf4 is read");
+  expect(LoadEdited(tmp.File("base")), "has quant_type 'fp4'; only nf4 is read");  // and the loader, on its own
   // A code book that is not NF4's.
-  expect(LoadEdited(EditedBase(tmp,
-                               [&](NamedTensors& t) {
-                                 for (auto& [name, v] : t)
-                                   if (name == q + ".quant_map") v = v.clone().mul_(0.5);
-                               })),
+  expect(CheckEdited(EditedBase(tmp,
+                                [&](NamedTensors& t) {
+                                  for (auto& [name, v] : t)
+                                    if (name == q + ".quant_map") v = v.clone().mul_(0.5);
+                                })),
          "tensor '" + q + ".quant_map' is not the NF4 code book");
   // Truncated packed codes.
-  expect(LoadEdited(EditedBase(tmp,
-                               [&](NamedTensors& t) {
-                                 for (auto& [name, v] : t)
-                                   if (name == q) v = v.narrow(0, 0, v.size(0) / 2).clone();
-                               })),
+  expect(CheckEdited(EditedBase(tmp,
+                                [&](NamedTensors& t) {
+                                  for (auto& [name, v] : t)
+                                    if (name == q) v = v.narrow(0, 0, v.size(0) / 2).clone();
+                                })),
          "tensor '" + q + "' holds 1024 bytes of 4-bit codes but config.json implies [64, 64] (2048 bytes)");
   // The whole-model loader (full fine-tuning, LoRA) refuses a 4-bit checkpoint.
   const std::string base = testing::FixturePath("models/llama3/qlora/base");
