@@ -18,8 +18,8 @@
 
 namespace slide::bench {
 
-// NAME is llama-1b | llama-3b | llama-8b | llama-70b | tiny, optionally with "@LAYERS" for that shape at another depth (the
-// size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B parameters).
+// NAME is llama-1b | llama-3b | llama-8b | llama-70b | tiny, optionally with "@LAYERS" for that shape at another depth
+// (the size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B parameters).
 // Unknown names, and a depth that is not a positive number, are errors.
 inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
   auto make = [](int64_t h, int64_t ff, int64_t layers, int64_t heads, int64_t kv, bool tied) {

@@ -57,8 +57,8 @@ cudaError_t BFloat16ToFloat(const void* in, float* out, int64_t n, cudaStream_t 
 cudaError_t AdamW(float* param, float* exp_avg, float* exp_avg_sq, DType grad_dtype, const void* grad, void* out_bf16,
                   int64_t n, const AdamWScalars& scalars, cudaStream_t stream);
 
-// NF4 (engine/quant/nf4.h): out [n] (bf16 or fp32) = NF4[code] * the block's absmax, n a multiple of 64, `packed` [n / 2]
-// 8-byte and `out` 16-byte aligned. The scales are either absmax fp32 [n / 64] (stats_codes null) or double
+// NF4 (engine/quant/nf4.h): out [n] (bf16 or fp32) = NF4[code] * the block's absmax, n a multiple of 64, `packed` [n /
+// 2] 8-byte and `out` 16-byte aligned. The scales are either absmax fp32 [n / 64] (stats_codes null) or double
 // quantised: stats_codes [n / 64] of stats_map (the signed dynamic map, 256 floats), absmax2 [ceil(n / 16384)] and
 // offset. nf4_code: the 16 NF4 values. Every table is device memory. Bit-identical to the CPU routines.
 cudaError_t DequantizeNf4(const uint8_t* packed, const float* absmax, const uint8_t* stats_codes, const float* absmax2,
