@@ -16,8 +16,9 @@
 #                                batch 8 and 32; with 32b, the Qwen2.5-32B-shaped model (bench/shapes/) instead
 #   bench/run_gpu.sh qlora       QLoRA (NF4 base): builds, the GPU tests, kernel_bench nf4 (the dequantisation's GB/s), then
 #                                sliding_bench on the Llama-3-70B-shaped model (bench/shapes/) with --lora-r 16 --qlora at
-#                                batch 8 and 32 (micro-batches of 8), 24 GiB budget, and PEFT + bitsandbytes QLoRA on the
-#                                whole card at QLORA_PEER_SHAPE (llama-70b) batch 8 (bench/peers/peer_train.py qlora)
+#                                batch 8 and 32 (micro-batches of 8), 24 GiB budget
+#   bench/run_gpu.sh qlora-peer  PEFT + bitsandbytes QLoRA on the whole card at QLORA_PEER_SHAPE (llama-70b) batch 8
+#                                (bench/peers/peer_train.py qlora)
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -139,15 +140,17 @@ case "$phase" in
       done
     fi ;;
   qlora)
-    build_gpu quant_tests engine_tests kernel_bench sliding_bench
+    # Builds the LoRA phase's targets too, so `lora` right after on the same warm machine starts at once.
+    build_gpu quant_tests engine_tests model_tests parity_tests kernel_bench sliding_bench
     echo "build ok after $((SECONDS - start)) s"
     gpu_tests "${GPU_TESTS_S:-200}"
     run 120 build-gpu/bench/kernel_bench 8192 "${COPY_GBPS:-3000}" nf4
     for b in ${QLORA_BATCHES:-8 32}; do
-      run 420 build-gpu/bench/sliding_bench bench/shapes/llama-3-70b "$b" --micro-batch 8 --lora-r 16 --qlora --steps 2 \
-        --warmup-steps 1
+      run "${QLORA_RUN_S:-420}" build-gpu/bench/sliding_bench bench/shapes/llama-3-70b "$b" --micro-batch 8 --lora-r 16 \
+        --qlora --steps 2 --warmup-steps 1
       echo "70b qlora batch $b done after $((SECONDS - start)) s"
-    done
+    done ;;
+  qlora-peer)
     python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
       bitsandbytes > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
     PYTHONPATH=/tmp/peft-site run 420 python3 bench/peers/peer_train.py qlora "${QLORA_PEER_SHAPE:-llama-70b}" 8
