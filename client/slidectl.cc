@@ -188,8 +188,10 @@ int Watch(v1::Slide::Stub& stub, const Options& o, const std::string& id, bool l
     }
     if (e.kind_case() == v1::JobEvent::kState) state = e.state();
     if (logs_only) {
-      if (e.kind_case() == v1::JobEvent::kLog && !o.json)
+      if (e.kind_case() == v1::JobEvent::kLog && !o.json) {
         std::printf("%s\n", slidectl::Printable(e.log(), /*keep_newlines=*/true).c_str());
+        std::fflush(stdout);  // a running job's lines as they come, also through a pipe
+      }
       continue;
     }
     if (e.has_metrics()) {

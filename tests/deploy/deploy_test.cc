@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -19,10 +20,16 @@ namespace fs = std::filesystem;
 const fs::path kRoot = SLIDE_SOURCE_DIR;
 const fs::path kDeploy = kRoot / "deploy";
 
+// `${VAR:-default}` as compose reads it when VAR is unset; any other text as it is.
+std::string WithDefaults(const std::string& s) {
+  static const std::regex var(R"(\$\{\w+:-([^}]*)\})");
+  return std::regex_replace(s, var, "$1");
+}
+
 // A path the compose file names, relative to deploy/: there, or a template (NAME.example) docs/operating.md says to
 // copy.
 void ExpectExists(const std::string& what, const std::string& path) {
-  const fs::path p = kDeploy / path;
+  const fs::path p = kDeploy / WithDefaults(path);
   EXPECT_TRUE(fs::exists(p) || fs::exists(p.string() + ".example")) << what << " names " << p << ", which is missing";
 }
 
@@ -59,6 +66,32 @@ TEST(Deploy, ComposeNamesOnlyFilesThatExist) {
     }
   }
   EXPECT_EQ(bind_mounts, 4);  // prometheus config + rules, grafana provisioning + dashboard
+}
+
+// deploy/.env's COMPOSE_FILE (what `docker compose up` in deploy/ reads) and the CI override name files that exist,
+// and the overrides touch only services the main file has.
+TEST(Deploy, ComposeOverridesNameOnlyWhatExists) {
+  std::ifstream env(kDeploy / ".env");
+  ASSERT_TRUE(env) << "deploy/.env";
+  std::string files;
+  for (std::string line; std::getline(env, line);)
+    if (line.rfind("COMPOSE_FILE=", 0) == 0) files = line.substr(13);
+  ASSERT_FALSE(files.empty()) << "deploy/.env sets no COMPOSE_FILE";
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= files.size();) {
+    const size_t end = std::min(files.find(':', at), files.size());
+    names.push_back(files.substr(at, end - at));
+    at = end + 1;
+  }
+  EXPECT_EQ(names.front(), "docker-compose.yml");
+  names.push_back("docker-compose.ci.yml");
+  const YAML::Node main = YAML::LoadFile((kDeploy / "docker-compose.yml").string());
+  for (const std::string& name : names) {
+    ASSERT_TRUE(fs::exists(kDeploy / name)) << name;
+    const YAML::Node f = YAML::LoadFile((kDeploy / name).string());
+    for (const auto& service : f["services"])
+      EXPECT_TRUE(main["services"][service.first.as<std::string>()]) << name << ": " << service.first;
+  }
 }
 
 TEST(Deploy, DockerfileCopiesAndRunsOnlyWhatTheRepositoryHas) {
