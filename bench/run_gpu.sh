@@ -150,9 +150,18 @@ case "$phase" in
         --qlora --steps 2 --warmup-steps 1
       echo "70b qlora batch $b done after $((SECONDS - start)) s"
     done ;;
+  lora-peer)
+    # PEFT alone at LORA_BATCHES (8B): for a call that cannot also carry .gpu-debs, right after `lora` on the same
+    # warm machine.
+    python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
+      psutil > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
+    for b in ${LORA_BATCHES:-8 32}; do
+      PYTHONPATH=/tmp/peft-site run 240 python3 bench/peers/peer_train.py peft llama-8b "$b"
+      echo "peft 8b batch $b done after $((SECONDS - start)) s"
+    done ;;
   qlora-peer)
     python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
-      bitsandbytes > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
+      bitsandbytes psutil > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
     PYTHONPATH=/tmp/peft-site run 420 python3 bench/peers/peer_train.py qlora "${QLORA_PEER_SHAPE:-llama-70b}" 8
     echo "peer qlora done after $((SECONDS - start)) s" ;;
   largest)

@@ -10,7 +10,7 @@ pip download --only-binary :all: --python-version 3.12 --platform manylinux_2_17
   hjson msgpack ninja py-cpuinfo "pydantic>=2" pydantic-core annotated-types typing-inspection einops nvidia-ml-py \
   psutil typing_extensions numpy packaging tqdm setuptools wheel
 pip download --only-binary :all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps -d "$dir" \
-  peft==0.17.1 accelerate==1.10.1 bitsandbytes==0.50.2
+  peft==0.21.2 accelerate==1.16.0 bitsandbytes==0.50.2
 # The box's torch is built for CUDA 13.0: keep bitsandbytes' CUDA 13 libraries only (43 MB -> a few MB), so the
 # wheels and .gpu-debs fit the device tool's 64 MiB together.
-python3 "$(dirname "$0")/../../scripts/slim_wheel.py" "$dir"/bitsandbytes-*.whl 'libbitsandbytes_(rocm|cuda1[12])'
+python3 "$(dirname "$0")/../../scripts/slim_wheel.py" "$dir"/bitsandbytes-*.whl 'libbitsandbytes_(rocm|xpu|cuda1[12]|cuda13[1-9])'

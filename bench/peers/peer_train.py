@@ -161,6 +161,9 @@ def lora_training(model):
                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"])
     model = peft.get_peft_model(model, config)
+    # Training mode: gradient checkpointing (QLoRA's recipe) applies only there, and a model built under
+    # transformers 5 from a config starts in eval mode.
+    model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
 
@@ -220,8 +223,14 @@ def build_qlora_model(shape):
 def run_qlora(shape, batch, seq, steps):
     import peft
 
-    model = peft.prepare_model_for_kbit_training(build_qlora_model(shape), use_gradient_checkpointing=True,
-                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = build_qlora_model(shape)
+    if os.environ.get("PEER_QLORA_PREPARE", "1") == "1":
+        # PEFT's recipe: also casts the embeddings, norms and head to fp32.
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
+                                                     gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:  # gradient checkpointing alone, everything else left in bf16
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
     return lora_training(model)
 
 
