@@ -57,6 +57,19 @@ cudaError_t BFloat16ToFloat(const void* in, float* out, int64_t n, cudaStream_t 
 cudaError_t AdamW(float* param, float* exp_avg, float* exp_avg_sq, DType grad_dtype, const void* grad, void* out_bf16,
                   int64_t n, const AdamWScalars& scalars, cudaStream_t stream);
 
+// The two dynamic maps of the 8-bit moments (engine/optim/adamw_8bit.h), passed by value to the kernel (2 KiB).
+struct DynamicMaps {
+  float signed_map[256];    // the first moment's, [-1, 1]
+  float unsigned_map[256];  // the second moment's, [0, 1]
+};
+
+// AdamW with blockwise 8-bit moments over n elements in place: fp32 param; exp_avg / exp_avg_sq [n] codes of the
+// signed / unsigned map with an fp32 absmax per block of 256 (ceil(n / 256) each); the gradient in `grad_dtype`; the
+// updated weight rounded to bf16 into `out_bf16` unless null. Bit-equal to CpuAdamW8bit (adamw_8bit.cc).
+cudaError_t AdamW8bit(float* param, uint8_t* exp_avg, float* exp_avg_absmax, uint8_t* exp_avg_sq,
+                      float* exp_avg_sq_absmax, DType grad_dtype, const void* grad, void* out_bf16, int64_t n,
+                      const AdamWScalars& scalars, const DynamicMaps& maps, cudaStream_t stream);
+
 // NF4 (engine/quant/nf4.h): out [n] (bf16 or fp32) = NF4[code] * the block's absmax, n a multiple of 64, `packed` [n /
 // 2] 8-byte and `out` 16-byte aligned. The scales are either absmax fp32 [n / 64] (stats_codes null) or double
 // quantised: stats_codes [n / 64] of stats_map (the signed dynamic map, 256 floats), absmax2 [ceil(n / 16384)] and

@@ -14,4 +14,11 @@ namespace slide {
 void TensorAdamW(const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                  const at::Tensor& grad, const at::Tensor& out, const AdamWStepArgs& args, SimdLevel simd);
 
+// The 8-bit moments' update (adamw_8bit.h) on flat tensors wherever they live: CpuAdamW8bit for host tensors, the
+// CUDA kernel for device tensors, bit for bit the same. param fp32 [n]; exp_avg, exp_avg_sq uint8 [n] (codes);
+// exp_avg_absmax, exp_avg_sq_absmax fp32 [ceil(n / 256)]; grad and out as for TensorAdamW.
+void TensorAdamW8bit(const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_absmax,
+                     const at::Tensor& exp_avg_sq, const at::Tensor& exp_avg_sq_absmax, const at::Tensor& grad,
+                     const at::Tensor& out, const AdamWStepArgs& args, SimdLevel simd);
+
 }  // namespace slide
