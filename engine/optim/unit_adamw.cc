@@ -100,13 +100,33 @@ void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, cons
   if (copy_f32) std::memcpy(r.weights_out.data_ptr<float>(), r.master, r.n * sizeof(float));
 }
 
-void DeviceUnitAdamW(const UnitLayout& unit, const at::Tensor& master, const at::Tensor& exp_avg,
-                     const at::Tensor& exp_avg_sq, const at::Tensor& grad, const at::Tensor& weights_bf16,
-                     const AdamWStepArgs& args, SimdLevel simd) {
-  for (const auto& spec : unit.params) {
+void DeviceUnitAdamW(const UnitLayout& unit, const MomentLayout& moments, const at::Tensor& master,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
+                     const at::Tensor& weights_bf16, const AdamWStepArgs& args, SimdLevel simd) {
+  const bool q8 = moments.kind() == OptimizerKind::kAdamW8bit;
+  for (size_t p = 0; p < unit.params.size(); ++p) {
+    const ParamSpec& spec = unit.params[p];
     auto part = [&](const at::Tensor& t) { return t.narrow(0, spec.offset, spec.numel); };
-    TensorAdamW(part(master), part(exp_avg), part(exp_avg_sq), part(grad),
-                weights_bf16.defined() ? part(weights_bf16) : at::Tensor(), ParamStepArgs(spec, args), simd);
+    const at::Tensor out = weights_bf16.defined() ? part(weights_bf16) : at::Tensor();
+    const AdamWStepArgs param_args = ParamStepArgs(spec, args);
+    if (!q8) {
+      TensorAdamW(part(master), part(exp_avg), part(exp_avg_sq), part(grad), out, param_args, simd);
+      continue;
+    }
+    // The 8-bit buffers are bytes: a parameter's codes, its fp32 absmax, or (small parameters) its fp32 moments.
+    const MomentLayout::Param& where = moments.params()[p];
+    auto floats = [](const at::Tensor& bytes, int64_t offset, int64_t n) {
+      return bytes.narrow(0, offset, 4 * n).view(at::kFloat);
+    };
+    if (!where.quantized) {
+      TensorAdamW(part(master), floats(exp_avg, where.values, spec.numel), floats(exp_avg_sq, where.values, spec.numel),
+                  part(grad), out, param_args, simd);
+      continue;
+    }
+    const int64_t blocks = (spec.numel + kQuantBlock - 1) / kQuantBlock;
+    TensorAdamW8bit(part(master), exp_avg.narrow(0, where.values, spec.numel), floats(exp_avg, where.absmax, blocks),
+                    exp_avg_sq.narrow(0, where.values, spec.numel), floats(exp_avg_sq, where.absmax, blocks),
+                    part(grad), out, param_args, simd);
   }
 }
 

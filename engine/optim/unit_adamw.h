@@ -49,10 +49,11 @@ struct HostUnit8bitRange {
 void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, const HostUnit8bitRange& range,
                        const AdamWStepArgs& args, SimdLevel simd);
 
-// A unit on the device, whole: fp32 master and moments, the gradient, and the bf16 weights (undefined with fp32
-// compute, where the master is what the forward reads). On the current stream.
-void DeviceUnitAdamW(const UnitLayout& unit, const at::Tensor& master, const at::Tensor& exp_avg,
-                     const at::Tensor& exp_avg_sq, const at::Tensor& grad, const at::Tensor& weights_bf16,
-                     const AdamWStepArgs& args, SimdLevel simd);
+// A unit on the device, whole: fp32 master, the moments as `moments` lays them out (fp32 [numel], or the 8-bit
+// buffers of MomentLayout bytes), the gradient, and the bf16 weights (undefined with fp32 compute, where the master is
+// what the forward reads). On the current stream.
+void DeviceUnitAdamW(const UnitLayout& unit, const MomentLayout& moments, const at::Tensor& master,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
+                     const at::Tensor& weights_bf16, const AdamWStepArgs& args, SimdLevel simd);
 
 }  // namespace slide

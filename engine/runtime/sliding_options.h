@@ -38,9 +38,9 @@ struct SlidingOptions {
   int64_t device_budget_bytes = 0;   // > 0 on CUDA: the caching allocator may not reserve more than this
   bool trace = false;                // keep each step's timeline (last_trace)
   StateTierOptions nvme{};           // mode none: all optimizer state in host memory
-  // Layers [0, resident_layers) stay on the device with their fp32 master, moments and gradient, and are
-  // updated there by the AdamW kernel (bit-equal to the CPU update): they never load, never return a gradient
-  // and cost the CPU update nothing. Not with the NVMe tier. The planner chooses it (PlanRequest).
+  // Layers [0, resident_layers) stay on the device with their fp32 master, moments (either optimizer) and gradient, and
+  // are updated there by the AdamW kernel (bit-equal to the CPU update): they never load, never return a gradient and
+  // cost the CPU update nothing. Not with the NVMe tier. The planner chooses it (PlanRequest).
   int64_t resident_layers = 0;
   // Of the layers left on the host, this share (spread evenly over them in forward order) is updated on the
   // device: chunks of the fp32 state and the gradient stream up, the AdamW kernel runs, the results stream back,

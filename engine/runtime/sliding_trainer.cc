@@ -117,13 +117,12 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
       for (const ParamSpec& p : layout.layer(l).params)
         if (p.shape.size() == 2) SLIDE_RETURN_IF_ERROR(CheckNf4Numel(p.numel, p.name));
   }
-  // 8-bit moments are updated by the CPU kernel only so far: every unit's state in host memory, or its moments on
-  // the NVMe tier (whole units a chunk; the master stays in host memory).
-  if (o.train.optimizer == OptimizerKind::kAdamW8bit &&
-      (o.resident_layers > 0 || share > 0 || o.nvme.mode == TierMode::kMomentsAndMaster))
+  // 8-bit moments: host-held units updated by the CPU kernel (their moments optionally on the NVMe tier, whole units
+  // a chunk; the master stays in host memory) and resident units by the device kernel; not streamed yet.
+  if (o.train.optimizer == OptimizerKind::kAdamW8bit && (share > 0 || o.nvme.mode == TierMode::kMomentsAndMaster))
     return InvalidArgument(
-        "optimizer adamw_8bit keeps every unit's state in host memory or its moments on the NVMe tier (no resident "
-        "layers, device update share or master on the tier yet)");
+        "optimizer adamw_8bit keeps a unit's state in host memory, its moments on the NVMe tier or the whole unit "
+        "resident on the device (no device update share or master on the tier yet)");
   return Status::Ok();
 }
 

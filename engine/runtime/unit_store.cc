@@ -134,7 +134,7 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].placement = placement[u];
     units_[u].tier_index = tier_index.empty() ? -1 : tier_index[u];
-    moments_.emplace_back(units_[u].resident() ? OptimizerKind::kAdamW : options.train.optimizer, layout_.units[u]);
+    moments_.emplace_back(options.train.optimizer, layout_.units[u]);
   }
   auto master_on_disk = [&](size_t u) { return units_[u].on_tier() && tier_->holds_master(); };
   auto moment_zeros = [&](size_t u) {
@@ -150,8 +150,9 @@ UnitStore::UnitStore(ModelParams&& master_fp32, const SlidingOptions& options, D
     if (unit.resident()) {  // the state moves to the device; the host keeps nothing of this unit
       const auto dev_f32 = at::TensorOptions().dtype(at::kFloat).device(options.train.device);
       unit.dev_master = loaded.to(dev_f32);
-      unit.dev_exp_avg = at::zeros({numel}, dev_f32);
-      unit.dev_exp_avg_sq = at::zeros({numel}, dev_f32);
+      const auto dev_moments = at::TensorOptions().dtype(moments_[u].dtype()).device(options.train.device);
+      unit.dev_exp_avg = at::zeros({moments_[u].numel()}, dev_moments);  // fp32 [numel], or adamw_8bit's bytes
+      unit.dev_exp_avg_sq = at::zeros({moments_[u].numel()}, dev_moments);
       unit.dev_weights = dtype == c10::kFloat ? unit.dev_master : unit.dev_master.to(dtype);  // RNE, as AdamW writes
       loaded = at::Tensor();
       continue;

@@ -234,8 +234,8 @@ void UpdateScheduler::UpdateResident(size_t unit, const AdamWStepArgs& args) {
   TORCH_CHECK(grad.defined(), "unit ", unit, " has no gradient to update with");
   const bool write_bf16 = options_.train.compute_dtype == c10::kBFloat16;  // fp32: the weights are the master
   queue_.BeginCompute();
-  DeviceUnitAdamW(units_.layout().units[unit], x.dev_master, x.dev_exp_avg, x.dev_exp_avg_sq, grad,
-                  write_bf16 ? x.dev_weights : at::Tensor(), args, simd_);
+  DeviceUnitAdamW(units_.layout().units[unit], units_.moments(unit), x.dev_master, x.dev_exp_avg, x.dev_exp_avg_sq,
+                  grad, write_bf16 ? x.dev_weights : at::Tensor(), args, simd_);
   queue_.EndCompute();
   x.dev_grad = at::Tensor();  // back to the allocator for the next backward
 }

@@ -653,6 +653,39 @@ TEST(SlidingTrainer, EqualsReferenceAdamW8bit) {
   RunEquivalence(bf16, c10::Device(c10::kCPU));
 }
 
+// Resident layers with 8-bit moments: their state lives on the device and DeviceUnitAdamW updates it there with
+// TensorAdamW8bit (on the CPU the host stands in for the device and runs the CPU body; on CUDA the kernel, bit-equal
+// to it). Whole units, the same blocks: the losses, gradient norms and every byte of state equal those of the same
+// units held in host memory, and the resident trainer's state restores into a host-held one.
+TEST(SlidingTrainer, AdamW8bitResidentUnitsTrainAsHostHeldOnes) {
+  ModelFixture fx = ModelFixture::Load("llama3");
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  const c10::Device cpu(c10::kCPU);
+  for (const auto& [dtype, resident, accum] :
+       {std::tuple<c10::ScalarType, int64_t, int64_t>{c10::kBFloat16, 1, 2}, {c10::kFloat, 2, 1}}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)) + " resident " + std::to_string(resident));
+    TrainerOptions o = Options(dtype, 1.0, cpu);
+    o.optimizer = OptimizerKind::kAdamW8bit;
+    SlidingOptions host{.train = o, .window = 1, .weights_first = WeightsFirst::kOff}, on_device = host;
+    on_device.resident_layers = resident;
+    SlidingTrainer a(cfg, params, host), b(cfg, params, on_device);
+    for (int64_t s = 0; s < 5; ++s) StepAlike(a, b, s, accum, cfg.vocab_size);
+    const StateShape moments = testing::ValueOrDie(b.StateShapeOf(1, 1));  // layer 0's first moment, resident
+    EXPECT_EQ(moments.dtype, c10::kByte);
+    ExpectSameStateAndRestore(b, a, cfg, params, host, accum);
+  }
+}
+
+// On CUDA the resident units run the 8-bit kernel against the reference's torch ops (bf16: within the drift bounds
+// RunEquivalence states).
+TEST(SlidingTrainer, EqualsReferenceAdamW8bitResident_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  Case resident{"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 2};
+  resident.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(resident, c10::Device(c10::kCUDA, 0));
+}
+
 // With 8-bit moments the schedule changes nothing either: weights first (its weights-only pass dequantises what
 // the whole update then requantises) and whole updates, one slot or two, with and without accumulation, give the
 // same losses and the same bytes of state; that state restored into a new trainer trains on identically.
@@ -708,19 +741,20 @@ TEST(SlidingTrainer, AdamW8bitRefusesDeviceAndTierPlacementsItCannotRunYet) {
   TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
   o.optimizer = OptimizerKind::kAdamW8bit;
   ScratchDir dir;
-  SlidingOptions resident{.train = o, .window = 1}, streamed = resident, master_tiered = resident;
-  resident.resident_layers = 1;
+  SlidingOptions streamed{.train = o, .window = 1}, master_tiered = streamed;
   streamed.device_update_share = 0.5;
   master_tiered.nvme = SmallTier(TierMode::kMomentsAndMaster, dir);
-  for (const SlidingOptions* so : {&resident, &streamed, &master_tiered}) {
+  for (const SlidingOptions* so : {&streamed, &master_tiered}) {
     const Status st = ValidateSlidingOptions(*so, layout);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    ExpectContains(st.message(), "optimizer adamw_8bit keeps every unit's state in host memory or its moments on");
+    ExpectContains(st.message(), "optimizer adamw_8bit keeps a unit's state in host memory, its moments on the NVMe");
   }
-  SlidingOptions host{.train = o, .window = 1}, moments_tiered = host;
+  SlidingOptions host{.train = o, .window = 1}, moments_tiered = host, resident = host;
   moments_tiered.nvme = SmallTier(TierMode::kMoments, dir);
+  resident.resident_layers = 1;
   EXPECT_TRUE(ValidateSlidingOptions(host, layout).ok());
   EXPECT_TRUE(ValidateSlidingOptions(moments_tiered, layout).ok());
+  EXPECT_TRUE(ValidateSlidingOptions(resident, layout).ok());
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {
