@@ -105,8 +105,11 @@ wait_healthy() {
   fail "slided's health check: '$h' after 90 s"
 }
 wait_healthy
-say "slided healthy"
 [ "$($docker exec "$slided" id -u)" = 10001 ] || fail "slided does not run as uid 10001"
+$docker inspect -f '{{json .HostConfig.SecurityOpt}}' "$slided" | grep -q "slided's container profile" ||
+  fail "the container does not run under deploy/seccomp/io-uring.json"
+grep -q '^Seccomp:[[:space:]]*2' <($docker exec "$slided" cat /proc/1/status) || fail "no seccomp filter on slided"
+say "slided healthy, uid 10001, under the io_uring seccomp profile"
 addr=$(dc port slided 50151 | tail -1)
 ctl() { SLIDE_TOKEN=$token build/client/slidectl --addr "$addr" "$@"; }
 ctl status > /tmp/slide-smoke-status.txt || { cat /tmp/slide-smoke-status.txt; fail "slidectl status through $addr"; }
