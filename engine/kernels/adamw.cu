@@ -9,25 +9,13 @@
 namespace slide::cuda {
 namespace {
 
-__device__ __forceinline__ uint16_t Bf16BitsNearestEven(float f) {
-  if (isnan(f)) return 0x7FC0;
-  uint32_t bits = __float_as_uint(f);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 template <class G>
 __global__ void AdamWKernel(float* __restrict__ param, float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
                             const G* __restrict__ grad, uint16_t* __restrict__ out_bf16, int64_t n, AdamWScalars c) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    const float g = __fmul_rn(ToFloat(grad[i]), c.grad_scale);
-    float p = __fmul_rn(param[i], c.decay);
-    float m = exp_avg[i];
-    m = __fadd_rn(m, __fmul_rn(c.one_minus_b1, __fsub_rn(g, m)));
-    const float v = __fadd_rn(__fmul_rn(exp_avg_sq[i], c.b2), __fmul_rn(c.one_minus_b2, __fmul_rn(g, g)));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
-    p = __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(m, denom)));
+    float m = exp_avg[i], v = exp_avg_sq[i];
+    const float p = AdamWElement(ToFloat(grad[i]), param[i], m, v, c);
     param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;

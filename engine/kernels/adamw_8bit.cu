@@ -1,10 +1,10 @@
 // AdamW with blockwise 8-bit moments on the device (a job's `optimizer: adamw_8bit` for units whose state lives
 // there), bit-equal to the CPU's CpuAdamW8bit (engine/optim/adamw_8bit.cc). One thread block of 256 threads takes one
 // quantisation block of 256 elements, one element a thread: it dequantises the two moments through the dynamic maps
-// (held in shared memory), runs the fp32 AdamW of adamw.cu (the CPU's operations in its order, each rounded on its
-// own), takes each moment's new absmax over the block (a max: exact in any order) and requantises every moment to the
-// nearest code by NearestCode's rule (a lower_bound over the sorted map, an exact midpoint to the lower code, a NaN to
-// code 0), so codes, absmax, master and bf16 weight all equal the CPU's.
+// (held in shared memory), runs AdamWElement (kernel_utils.cuh: the CPU's operations in its order, each rounded on
+// its own), takes each moment's new absmax over the block (a max: exact in any order) and requantises every moment to
+// the nearest code by NearestCode's rule (a lower_bound over the sorted map, an exact midpoint to the lower code, a NaN
+// to code 0), so codes, absmax, master and bf16 weight all equal the CPU's.
 #include <algorithm>
 
 #include "engine/kernels/kernel_utils.cuh"
@@ -13,13 +13,6 @@ namespace slide::cuda {
 namespace {
 
 constexpr int kBlock = 256;  // elements per absmax (kQuantBlock) and threads per block
-
-__device__ __forceinline__ uint16_t Bf16BitsNearestEven(float f) {
-  if (isnan(f)) return 0x7FC0;
-  uint32_t bits = __float_as_uint(f);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 // NearestCode of adamw_8bit.cc: x clamped to [-1, 1] (a NaN stays NaN), then std::lower_bound's answer found by the
 // same comparisons (map[i] < x), then the nearer neighbour with ties to the lower code.
@@ -40,32 +33,12 @@ __device__ __forceinline__ uint8_t NearestCode(const float* map, float x) {
   return __fsub_rn(map[lo], x) < __fsub_rn(x, map[lo - 1]) ? static_cast<uint8_t>(lo) : static_cast<uint8_t>(lo - 1);
 }
 
-// The block's max of |x| over its threads (threads past the parameter's end pass 0). std::max(amax, |x|) skips NaN
-// on the CPU's scalar path; fmaxf does too.
-__device__ __forceinline__ float BlockAbsMax(float x, float* scratch) {
-  float a = fabsf(x);
-  for (int offset = 16; offset > 0; offset /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, offset));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) scratch[warp] = a;
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < kBlock / 32 ? scratch[lane] : 0.0f;
-    for (int offset = 4; offset > 0; offset /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, offset));
-    if (lane == 0) scratch[0] = a;
-  }
-  __syncthreads();
-  const float result = scratch[0];
-  __syncthreads();  // scratch is reused by the next reduction
-  return result;
-}
-
 template <class G>
 __global__ void __launch_bounds__(kBlock)
     AdamW8bitKernel(float* __restrict__ param, uint8_t* __restrict__ exp_avg, float* __restrict__ exp_avg_absmax,
-                    uint8_t* __restrict__ exp_avg_sq, float* __restrict__ exp_avg_sq_absmax,
-                    const G* __restrict__ grad, uint16_t* __restrict__ out_bf16, int64_t n, AdamWScalars c,
-                    DynamicMaps maps) {
-  __shared__ float map1[256], map2[256], scratch[kBlock / 32];
+                    uint8_t* __restrict__ exp_avg_sq, float* __restrict__ exp_avg_sq_absmax, const G* __restrict__ grad,
+                    uint16_t* __restrict__ out_bf16, int64_t n, AdamWScalars c, DynamicMaps maps) {
+  __shared__ float map1[256], map2[256], scratch[32];
   map1[threadIdx.x] = maps.signed_map[threadIdx.x];
   map2[threadIdx.x] = maps.unsigned_map[threadIdx.x];
   __syncthreads();
@@ -75,18 +48,15 @@ __global__ void __launch_bounds__(kBlock)
   if (in) {
     m = __fmul_rn(map1[exp_avg[i]], exp_avg_absmax[b]);
     v = __fmul_rn(map2[exp_avg_sq[i]], exp_avg_sq_absmax[b]);
-    const float g = __fmul_rn(ToFloat(grad[i]), c.grad_scale);
-    float p = __fmul_rn(param[i], c.decay);
-    m = __fadd_rn(m, __fmul_rn(c.one_minus_b1, __fsub_rn(g, m)));
-    v = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(c.one_minus_b2, __fmul_rn(g, g)));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
-    p = __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(m, denom)));
+    const float p = AdamWElement(ToFloat(grad[i]), param[i], m, v, c);
     param[i] = p;
     if (out_bf16 != nullptr) out_bf16[i] = Bf16BitsNearestEven(p);
   }
-  // Every thread reaches the reductions (they synchronise the block); only those inside the parameter store.
-  const float amax1 = BlockAbsMax(in ? m : 0.0f, scratch);
-  const float amax2 = BlockAbsMax(in ? v : 0.0f, scratch);
+  // Every thread reaches the reductions (they synchronise the block); only those inside the parameter store. The
+  // CPU's absmax starts at 0 and skips NaN: a thread past the parameter's end passes 0, and a block of NaN moments
+  // (BlockMax's NaN or -inf) gives 0 as well.
+  const float amax1 = fmaxf(0.0f, BlockMax(in ? fabsf(m) : 0.0f, scratch));
+  const float amax2 = fmaxf(0.0f, BlockMax(in ? fabsf(v) : 0.0f, scratch));
   if (threadIdx.x == 0) {
     exp_avg_absmax[b] = amax1;
     exp_avg_sq_absmax[b] = amax2;
@@ -105,14 +75,12 @@ cudaError_t AdamW8bit(float* param, uint8_t* exp_avg, float* exp_avg_absmax, uin
   const int64_t blocks = Blocks(n, kBlock);
   auto out = static_cast<uint16_t*>(out_bf16);
   if (grad_dtype == DType::kFloat) {
-    AdamW8bitKernel<float><<<blocks, kBlock, 0, stream>>>(param, exp_avg, exp_avg_absmax, exp_avg_sq,
-                                                         exp_avg_sq_absmax, static_cast<const float*>(grad), out, n,
-                                                         scalars, maps);
+    AdamW8bitKernel<float><<<blocks, kBlock, 0, stream>>>(param, exp_avg, exp_avg_absmax, exp_avg_sq, exp_avg_sq_absmax,
+                                                          static_cast<const float*>(grad), out, n, scalars, maps);
   } else {
-    AdamW8bitKernel<__nv_bfloat16><<<blocks, kBlock, 0, stream>>>(param, exp_avg, exp_avg_absmax, exp_avg_sq,
-                                                                 exp_avg_sq_absmax,
-                                                                 static_cast<const __nv_bfloat16*>(grad), out, n,
-                                                                 scalars, maps);
+    AdamW8bitKernel<__nv_bfloat16>
+        <<<blocks, kBlock, 0, stream>>>(param, exp_avg, exp_avg_absmax, exp_avg_sq, exp_avg_sq_absmax,
+                                        static_cast<const __nv_bfloat16*>(grad), out, n, scalars, maps);
   }
   return cudaGetLastError();
 }

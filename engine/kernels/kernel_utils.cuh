@@ -1,5 +1,5 @@
-// Device helpers shared by the kernels: fp32 <-> element conversion, 16-byte vector packs, block reductions,
-// and the dtype dispatch of the launchers.
+// Device helpers shared by the kernels: fp32 <-> element conversion, 16-byte vector packs, block reductions, the
+// AdamW element step, and the dtype dispatch of the launchers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -63,6 +63,47 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   const float total = scratch[0];
   __syncthreads();  // scratch may be reused right after
   return total;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Max over the block; every thread gets the result. fmaxf skips a NaN (as std::max(acc, x) does on the CPU).
+// `scratch` holds 32 floats; all threads must call.
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = WarpMax(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < warps ? scratch[threadIdx.x] : -INFINITY;
+  if (warp == 0) v = WarpMax(v);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  const float result = scratch[0];
+  __syncthreads();  // scratch may be reused right after
+  return result;
+}
+
+// bf16 bits of f rounded to nearest even, NaN written as 0x7FC0: what the CPU's AdamW bodies write.
+__device__ __forceinline__ uint16_t Bf16BitsNearestEven(float f) {
+  if (isnan(f)) return 0x7FC0;
+  uint32_t bits = __float_as_uint(f);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// One element's AdamW step with the CPU body's operations in its order (cpu_adamw.cc's scalar path), each rounded on
+// its own (__f*_rn: no contraction into FMA), so device and host agree bit for bit. g is the gradient before
+// grad_scale; m and v are updated in place; returns the new weight. Both AdamW kernels (fp32 and 8-bit moments) use it.
+__device__ __forceinline__ float AdamWElement(float g, float param, float& m, float& v, const AdamWScalars& c) {
+  g = __fmul_rn(g, c.grad_scale);
+  const float p = __fmul_rn(param, c.decay);
+  m = __fadd_rn(m, __fmul_rn(c.one_minus_b1, __fsub_rn(g, m)));
+  v = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(c.one_minus_b2, __fmul_rn(g, g)));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+  return __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(m, denom)));
 }
 
 // Elements per 16-byte pack, and whether every row of `cols` elements starting at the given pointers is
