@@ -45,45 +45,37 @@ __device__ __forceinline__ void StorePack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// A warp's / a block's reduction by `op` (commutative); every thread gets the result. `identity` fills the lanes of
+// warps the block lacks. `scratch` holds 32 floats; all threads must call.
+template <class Op>
+__device__ __forceinline__ float WarpReduce(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-
-// Sum over the block; every thread gets the result. `scratch` holds 32 floats; all threads must call.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+template <class Op>
+__device__ __forceinline__ float BlockReduce(float v, float* scratch, float identity, Op op) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = WarpSum(v);
+  v = WarpReduce(v, op);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : 0.f;
-  if (warp == 0) v = WarpSum(v);
-  if (threadIdx.x == 0) scratch[0] = v;
-  __syncthreads();
-  const float total = scratch[0];
-  __syncthreads();  // scratch may be reused right after
-  return total;
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Max over the block; every thread gets the result. fmaxf skips a NaN (as std::max(acc, x) does on the CPU).
-// `scratch` holds 32 floats; all threads must call.
-__device__ __forceinline__ float BlockMax(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = WarpMax(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : -INFINITY;
-  if (warp == 0) v = WarpMax(v);
+  v = threadIdx.x < warps ? scratch[threadIdx.x] : identity;
+  if (warp == 0) v = WarpReduce(v, op);
   if (threadIdx.x == 0) scratch[0] = v;
   __syncthreads();
   const float result = scratch[0];
   __syncthreads();  // scratch may be reused right after
   return result;
+}
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {  // fmaxf skips a NaN, as std::max(acc, x) does on the CPU
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ __forceinline__ float WarpSum(float v) { return WarpReduce(v, AddOp{}); }
+__device__ __forceinline__ float BlockSum(float v, float* scratch) { return BlockReduce(v, scratch, 0.f, AddOp{}); }
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  return BlockReduce(v, scratch, -INFINITY, MaxOp{});
 }
 
 // bf16 bits of f rounded to nearest even, NaN written as 0x7FC0: what the CPU's AdamW bodies write.
