@@ -141,7 +141,7 @@ case "$phase" in
     fi ;;
   qlora)
     # Builds the LoRA phase's targets too, so `lora` right after on the same warm machine starts at once.
-    build_gpu quant_tests engine_tests model_tests parity_tests kernel_bench sliding_bench
+    build_gpu quant_tests engine_tests model_tests parity_tests optim_tests kernel_bench sliding_bench
     echo "build ok after $((SECONDS - start)) s"
     gpu_tests "${GPU_TESTS_S:-200}"
     run 120 build-gpu/bench/kernel_bench 8192 "${COPY_GBPS:-3000}" nf4
