@@ -30,8 +30,6 @@ ReferenceTrainer::ReferenceTrainer(ModelConfig cfg, ModelParams master_fp32, Tra
     : cfg_(std::move(cfg)), options_(std::move(options)) {
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(options_.device);
   master_ = master_fp32.To(fp32);
-  TORCH_CHECK(options_.optimizer == OptimizerKind::kAdamW || options_.device.is_cpu(),
-              "the reference trainer runs adamw_8bit on the CPU");
   for (const auto& unit : master_.layout.units) {
     moment_layout_.emplace_back(options_.optimizer, unit);
     const MomentLayout& m = moment_layout_.back();
@@ -53,6 +51,16 @@ at::Tensor FloatView(const at::Tensor& buffer, int64_t byte_offset, int64_t n) {
 // One parameter's AdamW step with 8-bit moments: dequantised, the reference step in fp32, requantised blockwise.
 void Reference8bitStep(at::Tensor& p, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                        const MomentLayout::Param& where, const AdamWHyper& hp, int64_t step) {
+  if (!p.device().is_cpu()) {
+    // The reference's blockwise codec is the CPU's: on a device it steps host copies and writes them back, so the
+    // device kernel under test is checked against the CPU body.
+    at::Tensor host_p = p.cpu(), host_m = exp_avg.cpu(), host_v = exp_avg_sq.cpu();
+    Reference8bitStep(host_p, grad.cpu(), host_m, host_v, where, hp, step);
+    p.copy_(host_p);
+    exp_avg.copy_(host_m);
+    exp_avg_sq.copy_(host_v);
+    return;
+  }
   const int64_t n = p.numel();
   if (!where.quantized) {
     at::Tensor m = FloatView(exp_avg, where.values, n).view(p.sizes());

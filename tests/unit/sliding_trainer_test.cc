@@ -677,8 +677,8 @@ TEST(SlidingTrainer, AdamW8bitResidentUnitsTrainAsHostHeldOnes) {
   }
 }
 
-// On CUDA the resident units run the 8-bit kernel against the reference's torch ops (bf16: within the drift bounds
-// RunEquivalence states).
+// On CUDA the resident units run the 8-bit kernel against the reference, which steps host copies with the CPU codec
+// (bf16: within the drift bounds RunEquivalence states).
 TEST(SlidingTrainer, EqualsReferenceAdamW8bitResident_CUDA) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
   Case resident{"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 2};
