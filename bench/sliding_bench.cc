@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--device-update-chunk", f.device_update_chunk, "elements a streamed-update ring buffer")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   app.add_option("--head-chunk-tokens", f.head_chunk_tokens, "the LM head's chunk")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--optimizer", f.optimizer, "AdamW's moments: fp32 or blockwise 8-bit (host-held state only)")
+  app.add_option("--optimizer", f.optimizer, "AdamW's moments: fp32 or blockwise 8-bit")
       ->check(CLI::IsMember({"adamw", "adamw_8bit"}));
   app.add_option("--nvme-state", f.nvme_state, "optimizer state on the NVMe tier")
       ->check(CLI::IsMember({"none", "moments", "moments_and_master"}));
@@ -152,9 +152,6 @@ int main(int argc, char** argv) {
   asked.nvme.io.queue_depth = static_cast<unsigned>(f.nvme_queue_depth);
   asked.nvme.io.io_threads = f.nvme_threads;
   asked.nvme.layers = f.nvme_layers;
-  asked.device_update_share = f.device_update_share >= 0                   ? f.device_update_share
-                              : cuda && asked.nvme.mode == TierMode::kNone ? kDefaultDeviceUpdateShare
-                                                                           : 0.0;
   asked.device_update_chunk = f.device_update_chunk;
   asked.weights_first = f.weights_first == "on"    ? WeightsFirst::kOn
                         : f.weights_first == "off" ? WeightsFirst::kOff
@@ -176,9 +173,9 @@ int main(int argc, char** argv) {
     if (Status st = ValidateLoraOptions(lora, cfg); !st.ok()) return Fail(st.ToString());
     asked.adapter = lora;
     if (f.qlora) asked.nf4_base = Nf4BaseOptions{};
-    asked.device_update_share = 0;
     asked.weights_first = WeightsFirst::kOff;
   }
+  asked.device_update_share = f.device_update_share >= 0 ? f.device_update_share : DefaultDeviceUpdateShare(asked);
   PlanRequest budget;
   const int64_t micro = f.micro_batch > 0 ? f.micro_batch : f.batch;
   if (f.batch % micro != 0) return Fail("--micro-batch must divide the batch");

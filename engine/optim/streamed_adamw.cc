@@ -6,9 +6,54 @@
 
 #include <algorithm>
 
+#include "engine/optim/adamw_8bit.h"
 #include "engine/optim/tensor_adamw.h"
 
 namespace slide {
+namespace {
+
+// Where a quantised chunk's codes start in a slot's moment region: after the absmax of a full chunk's blocks.
+int64_t CodesAt(int64_t chunk) { return 4 * MomentLayout::Blocks(chunk); }
+
+at::Tensor Floats(const at::Tensor& bytes, int64_t byte_offset, int64_t n) {
+  return bytes.narrow(0, byte_offset, 4 * n).view(at::kFloat);
+}
+
+}  // namespace
+
+std::vector<StreamChunk> PlanStreamChunks(const HostUnitUpdate& u, int64_t chunk) {
+  std::vector<StreamChunk> chunks;
+  if (u.optimizer == OptimizerKind::kAdamW) {
+    const int64_t n = u.master.numel();
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t len = std::min(chunk, n - b);
+      chunks.push_back({.begin = b, .len = len, .moment_bytes = {{.host = 4 * b, .slot = 0, .size = 4 * len}}});
+    }
+    return chunks;
+  }
+  const int64_t quantized_step = chunk / kQuantBlock * kQuantBlock;
+  TORCH_CHECK(quantized_step > 0, "streamed 8-bit updates need chunks of at least ", kQuantBlock, " elements");
+  for (size_t r = 0; r < u.ranges.size(); ++r) {
+    const HostUnitUpdate::Range& range = u.ranges[r];
+    const MomentLayout::Param& where = range.moments;
+    const int64_t step = where.quantized ? quantized_step : chunk;
+    for (int64_t o = 0; o < range.numel; o += step) {
+      StreamChunk c{.begin = range.offset + o,
+                    .len = std::min(step, range.numel - o),
+                    .range = static_cast<int>(r),
+                    .moment_bytes = {}};
+      if (where.quantized) {  // whole blocks from the parameter's first element: its absmax entries, then its codes
+        c.moment_bytes.push_back(
+            {.host = where.absmax + 4 * (o / kQuantBlock), .slot = 0, .size = 4 * MomentLayout::Blocks(c.len)});
+        c.moment_bytes.push_back({.host = where.values + o, .slot = CodesAt(chunk), .size = c.len});
+      } else {
+        c.moment_bytes.push_back({.host = where.values + 4 * o, .slot = 0, .size = 4 * c.len});
+      }
+      chunks.push_back(std::move(c));
+    }
+  }
+  return chunks;
+}
 
 AdamWRing::AdamWRing(c10::Device device, int64_t chunk, int ring, SimdLevel simd) : chunk_(chunk), simd_(simd) {
   TORCH_CHECK(chunk > 0 && ring >= 2, "streamed updates need a chunk and at least two ring slots");
@@ -20,20 +65,38 @@ AdamWRing::AdamWRing(c10::Device device, int64_t chunk, int ring, SimdLevel simd
   }
 }
 
+at::Tensor AdamWRing::moment_bytes(int slot, int which) {
+  return state_[slot].narrow(0, (1 + which) * chunk_, chunk_).view(at::kByte);
+}
+
 at::Tensor AdamWRing::grad(int slot, c10::ScalarType dtype) {
   return dtype == at::kBFloat16 ? grad_[slot].view(at::kBFloat16).narrow(0, 0, chunk_) : grad_[slot];
 }
 
-void AdamWRing::Run(int slot, int64_t begin, int64_t len, const HostUnitUpdate& u) {
-  const at::Tensor& state = state_[slot];
+void AdamWRing::Run(int slot, const StreamChunk& c, const HostUnitUpdate& u) {
   const at::Tensor g = grad(slot, u.grad.scalar_type());
-  for (const auto& r : u.ranges) {
-    const int64_t lo = std::max(begin, r.offset), hi = std::min(begin + len, r.offset + r.numel);
-    if (lo >= hi) continue;
-    const int64_t off = lo - begin, k = hi - lo;
-    TensorAdamW(state.narrow(0, off, k), state.narrow(0, chunk_ + off, k), state.narrow(0, 2 * chunk_ + off, k),
-                g.narrow(0, off, k), u.out.defined() ? out_[slot].narrow(0, off, k) : at::Tensor(), r.args, simd_);
+  if (u.optimizer == OptimizerKind::kAdamW) {
+    const at::Tensor& state = state_[slot];
+    for (const auto& r : u.ranges) {
+      const int64_t lo = std::max(c.begin, r.offset), hi = std::min(c.begin + c.len, r.offset + r.numel);
+      if (lo >= hi) continue;
+      const int64_t off = lo - c.begin, k = hi - lo;
+      TensorAdamW(state.narrow(0, off, k), state.narrow(0, chunk_ + off, k), state.narrow(0, 2 * chunk_ + off, k),
+                  g.narrow(0, off, k), u.out.defined() ? out_[slot].narrow(0, off, k) : at::Tensor(), r.args, simd_);
+    }
+    return;
   }
+  const HostUnitUpdate::Range& r = u.ranges.at(static_cast<size_t>(c.range));
+  const at::Tensor p = master(slot).narrow(0, 0, c.len), grad_part = g.narrow(0, 0, c.len);
+  const at::Tensor out = u.out.defined() ? out_[slot].narrow(0, 0, c.len) : at::Tensor();
+  const at::Tensor m = moment_bytes(slot, 0), v = moment_bytes(slot, 1);
+  if (!r.moments.quantized) {
+    TensorAdamW(p, Floats(m, 0, c.len), Floats(v, 0, c.len), grad_part, out, r.args, simd_);
+    return;
+  }
+  const int64_t blocks = MomentLayout::Blocks(c.len), codes = CodesAt(chunk_);
+  TensorAdamW8bit(p, m.narrow(0, codes, c.len), Floats(m, 0, blocks), v.narrow(0, codes, c.len), Floats(v, 0, blocks),
+                  grad_part, out, r.args, simd_);
 }
 
 }  // namespace slide

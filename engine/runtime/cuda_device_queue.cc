@@ -155,12 +155,13 @@ class CudaDeviceQueue final : public DeviceQueue {
 
   void StreamUpdate(size_t unit, const HostUnitUpdate& u) override {
     TORCH_CHECK(ring_, "streamed updates are not enabled");
-    const int64_t n = u.master.numel(), chunk = ring_->chunk();
     const int64_t ge = static_cast<int64_t>(u.grad.element_size());
     auto at_f32 = [](const at::Tensor& t, int64_t i) { return t.data_ptr<float>() + i; };
     auto at_byte = [](const at::Tensor& t, int64_t i) {
       return static_cast<char*>(t.data_ptr()) + i * static_cast<int64_t>(t.element_size());
     };
+    auto bytes = [](const at::Tensor& t, int64_t offset) { return static_cast<char*>(t.data_ptr()) + offset; };
+    const std::vector<StreamChunk> chunks = PlanStreamChunks(u, ring_->chunk());
     const c10::cuda::CUDAGuard guard(device_);
     auto start = Mark(up_);
     // Everything enqueued for the unit, uploads and kernels included, lies behind the event later loads wait for,
@@ -172,25 +173,31 @@ class CudaDeviceQueue final : public DeviceQueue {
       return done;
     };
     try {
-      for (int64_t b = 0; b < n; b += chunk) {
-        const int64_t len = std::min(chunk, n - b);
+      for (const StreamChunk& c : chunks) {
+        const int64_t b = c.begin, len = c.len;
         const int r = ring_->NextSlot();
         if (ring_down_recorded_[r]) ring_down_done_[r].block(up_);  // the slot's last results are back
-        float* state = ring_->state(r).data_ptr<float>();
-        CopyAsync(state, at_f32(u.master, b), len * 4, cudaMemcpyHostToDevice, up_);
-        CopyAsync(state + chunk, at_f32(u.exp_avg, b), len * 4, cudaMemcpyHostToDevice, up_);
-        CopyAsync(state + 2 * chunk, at_f32(u.exp_avg_sq, b), len * 4, cudaMemcpyHostToDevice, up_);
+        const at::Tensor slot_m = ring_->moment_bytes(r, 0), slot_v = ring_->moment_bytes(r, 1);
+        CopyAsync(ring_->master(r).data_ptr(), at_f32(u.master, b), len * 4, cudaMemcpyHostToDevice, up_);
+        for (const auto& piece : c.moment_bytes) {
+          CopyAsync(bytes(slot_m, piece.slot), bytes(u.exp_avg, piece.host), piece.size, cudaMemcpyHostToDevice, up_);
+          CopyAsync(bytes(slot_v, piece.slot), bytes(u.exp_avg_sq, piece.host), piece.size, cudaMemcpyHostToDevice,
+                    up_);
+        }
         CopyAsync(ring_->grad(r, u.grad.scalar_type()).data_ptr(), at_byte(u.grad, b), len * ge, cudaMemcpyHostToDevice,
                   up_);
         {
           const c10::cuda::CUDAStreamGuard on_up(up_);
-          ring_->Run(r, b, len, u);
+          ring_->Run(r, c, u);
         }
         ring_up_done_[r].record(up_);
         ring_up_done_[r].block(down_);
-        CopyAsync(at_f32(u.master, b), state, len * 4, cudaMemcpyDeviceToHost, down_);
-        CopyAsync(at_f32(u.exp_avg, b), state + chunk, len * 4, cudaMemcpyDeviceToHost, down_);
-        CopyAsync(at_f32(u.exp_avg_sq, b), state + 2 * chunk, len * 4, cudaMemcpyDeviceToHost, down_);
+        CopyAsync(at_f32(u.master, b), ring_->master(r).data_ptr(), len * 4, cudaMemcpyDeviceToHost, down_);
+        for (const auto& piece : c.moment_bytes) {
+          CopyAsync(bytes(u.exp_avg, piece.host), bytes(slot_m, piece.slot), piece.size, cudaMemcpyDeviceToHost, down_);
+          CopyAsync(bytes(u.exp_avg_sq, piece.host), bytes(slot_v, piece.slot), piece.size, cudaMemcpyDeviceToHost,
+                    down_);
+        }
         if (u.out.defined())
           CopyAsync(at_byte(u.out, b), ring_->out(r).data_ptr(), len * 2, cudaMemcpyDeviceToHost, down_);
         ring_down_done_[r].record(down_);

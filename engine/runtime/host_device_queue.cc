@@ -46,20 +46,23 @@ class HostDeviceQueue final : public DeviceQueue {
   void StreamUpdate(size_t, const HostUnitUpdate& u) override {
     TORCH_CHECK(ring_, "streamed updates are not enabled");
     const double t0 = TraceNow();
-    const int64_t n = u.master.numel(), chunk = ring_->chunk();
-    for (int64_t b = 0; b < n; b += chunk) {
-      const int64_t len = std::min(chunk, n - b);
+    const at::Tensor host_m = u.exp_avg.view(at::kByte), host_v = u.exp_avg_sq.view(at::kByte);
+    for (const StreamChunk& c : PlanStreamChunks(u, ring_->chunk())) {
       const int r = ring_->NextSlot();
-      at::Tensor& state = ring_->state(r);
-      state.narrow(0, 0, len).copy_(u.master.narrow(0, b, len));
-      state.narrow(0, chunk, len).copy_(u.exp_avg.narrow(0, b, len));
-      state.narrow(0, 2 * chunk, len).copy_(u.exp_avg_sq.narrow(0, b, len));
-      ring_->grad(r, u.grad.scalar_type()).narrow(0, 0, len).copy_(u.grad.narrow(0, b, len));
-      ring_->Run(r, b, len, u);
-      u.master.narrow(0, b, len).copy_(state.narrow(0, 0, len));
-      u.exp_avg.narrow(0, b, len).copy_(state.narrow(0, chunk, len));
-      u.exp_avg_sq.narrow(0, b, len).copy_(state.narrow(0, 2 * chunk, len));
-      if (u.out.defined()) u.out.narrow(0, b, len).copy_(ring_->out(r).narrow(0, 0, len));
+      const at::Tensor slot_m = ring_->moment_bytes(r, 0), slot_v = ring_->moment_bytes(r, 1);
+      ring_->master(r).narrow(0, 0, c.len).copy_(u.master.narrow(0, c.begin, c.len));
+      for (const auto& piece : c.moment_bytes) {
+        slot_m.narrow(0, piece.slot, piece.size).copy_(host_m.narrow(0, piece.host, piece.size));
+        slot_v.narrow(0, piece.slot, piece.size).copy_(host_v.narrow(0, piece.host, piece.size));
+      }
+      ring_->grad(r, u.grad.scalar_type()).narrow(0, 0, c.len).copy_(u.grad.narrow(0, c.begin, c.len));
+      ring_->Run(r, c, u);
+      u.master.narrow(0, c.begin, c.len).copy_(ring_->master(r).narrow(0, 0, c.len));
+      for (const auto& piece : c.moment_bytes) {
+        host_m.narrow(0, piece.host, piece.size).copy_(slot_m.narrow(0, piece.slot, piece.size));
+        host_v.narrow(0, piece.host, piece.size).copy_(slot_v.narrow(0, piece.slot, piece.size));
+      }
+      if (u.out.defined()) u.out.narrow(0, c.begin, c.len).copy_(ring_->out(r).narrow(0, 0, c.len));
     }
     std::lock_guard<std::mutex> lock(update_mu_);
     busy_.device_update += TraceNow() - t0;

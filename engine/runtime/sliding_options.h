@@ -84,6 +84,15 @@ inline bool WeightsFirstAllowed(const SlidingOptions& o) {
 // The share GPU jobs stream (bf16, no NVMe tier); how it was chosen: bench/RESULTS.md, "Streamed updates".
 inline constexpr double kDefaultDeviceUpdateShare = 0.3;
 
+// The share slided's jobs stream when none is asked for: kDefaultDeviceUpdateShare for full fine-tuning with fp32
+// moments in bf16 on a GPU, the state in host memory; none otherwise (8-bit moments stream only when asked for until
+// their streamed path has its own GPU measurement; adapters have no host-held state).
+inline double DefaultDeviceUpdateShare(const SlidingOptions& o) {
+  const bool fits = o.train.device.is_cuda() && o.train.compute_dtype == c10::kBFloat16 &&
+                    o.nvme.mode == TierMode::kNone && !o.adapter && o.train.optimizer == OptimizerKind::kAdamW;
+  return fits ? kDefaultDeviceUpdateShare : 0.0;
+}
+
 // The share a trainer built from a plan streams: none where the plan parks the layer inputs on the host (their
 // copies share the PCIe link with the streamed state, and there the share slowed the step: bench/RESULTS.md).
 inline double PlannedDeviceUpdateShare(double requested, bool checkpoints_on_host) {

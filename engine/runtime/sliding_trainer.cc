@@ -9,6 +9,7 @@
 #include <functional>
 #include <utility>
 
+#include "engine/optim/adamw_8bit.h"
 #include "engine/quant/nf4.h"
 #include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
@@ -118,11 +119,13 @@ Status ValidateSlidingOptions(const SlidingOptions& o, const ModelLayout& layout
         if (p.shape.size() == 2) SLIDE_RETURN_IF_ERROR(CheckNf4Numel(p.numel, p.name));
   }
   // 8-bit moments: host-held units updated by the CPU kernel (their moments optionally on the NVMe tier, whole units
-  // a chunk; the master stays in host memory) and resident units by the device kernel; not streamed yet.
-  if (o.train.optimizer == OptimizerKind::kAdamW8bit && (share > 0 || o.nvme.mode == TierMode::kMomentsAndMaster))
+  // a chunk; the master stays in host memory), streamed units and resident units by the device kernel.
+  if (o.train.optimizer == OptimizerKind::kAdamW8bit && o.nvme.mode == TierMode::kMomentsAndMaster)
     return InvalidArgument(
-        "optimizer adamw_8bit keeps a unit's state in host memory, its moments on the NVMe tier or the whole unit "
-        "resident on the device (no device update share or master on the tier yet)");
+        "optimizer adamw_8bit keeps the master in host memory (its moments may go to the NVMe tier, not the master)");
+  if (o.train.optimizer == OptimizerKind::kAdamW8bit && share > 0 && o.device_update_chunk < kQuantBlock)
+    return InvalidArgument("streamed 8-bit updates move whole blocks: device_update_chunk must be at least " +
+                           std::to_string(kQuantBlock) + ", got " + std::to_string(o.device_update_chunk));
   return Status::Ok();
 }
 

@@ -87,8 +87,7 @@ StatusOr<ResolvedTrainer> ResolveJobTrainer(const ModelConfig& cfg, const Traini
     o.adapter->seed = spec.seed;
   }
   if (spec.adapter == AdapterMethod::kQLora) o.nf4_base = Nf4BaseOptions{.double_quant = true};
-  if (cuda && train.compute_dtype == c10::kBFloat16 && spec.nvme_state == TierMode::kNone && !lora)
-    o.device_update_share = kDefaultDeviceUpdateShare;
+  o.device_update_share = DefaultDeviceUpdateShare(o);
   PlanRequest budget;
   budget.micro_batch = MicroBatchSize(spec);
   budget.seq_len = spec.seq_len;

@@ -249,9 +249,12 @@ void UpdateScheduler::PostUpdate(size_t unit, double lr, float grad_scale, int64
   if (Streamed(unit)) {
     // Enqueued by the stream worker after the gradient has landed (its landing task runs first, FIFO); the
     // weights come back into the staging buffer the gradient occupied, as the CPU update writes them.
-    HostUnitUpdate update{x.master, x.exp_avg, x.exp_avg_sq, grad, x.staging, {}};
-    for (const auto& spec : layout.params)
-      update.ranges.push_back({spec.offset, spec.numel, ParamStepArgs(spec, args)});
+    const MomentLayout& moments = units_.moments(unit);
+    HostUnitUpdate update{moments.kind(), x.master, x.exp_avg, x.exp_avg_sq, grad, x.staging, {}};
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+      const ParamSpec& spec = layout.params[i];
+      update.ranges.push_back({spec.offset, spec.numel, ParamStepArgs(spec, args), moments.params()[i]});
+    }
     PostWorker(unit).Post(TaskId({unit}),
                           [this, unit, update = std::move(update)] { queue_.StreamUpdate(unit, update); });
     return;

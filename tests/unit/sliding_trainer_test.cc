@@ -353,38 +353,51 @@ TEST(SlidingTrainer, ResidentLayersAreBitIdenticalToHostState) {
   }
 }
 
+struct StreamedVariant {
+  int64_t accum;
+  double clip, share;
+  int64_t resident;
+  int64_t chunk = 1000;
+  WeightsFirst weights_first = WeightsFirst::kAuto;
+};
+
+// `arch` trained with `optimizer` by a trainer whose streamed units update through the ring, step by step against
+// one whose units all update on the CPU: the same losses and norms, every byte of state, and a restore.
+void ExpectStreamedLikeHostHeld(const std::string& arch, OptimizerKind optimizer,
+                                const std::vector<StreamedVariant>& variants) {
+  ModelFixture fx = ModelFixture::Load(arch);
+  ModelConfig cfg = fx.config;
+  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
+  for (const StreamedVariant& v : variants) {
+    SCOPED_TRACE("accum " + std::to_string(v.accum) + " clip " + std::to_string(v.clip) + " share " +
+                 std::to_string(v.share) + " resident " + std::to_string(v.resident) + " chunk " +
+                 std::to_string(v.chunk));
+    TrainerOptions o = Options(c10::kBFloat16, v.clip, c10::Device(c10::kCPU));
+    o.optimizer = optimizer;
+    SlidingOptions host{.train = o, .window = 2, .weights_first = v.weights_first}, streamed = host;
+    streamed.device_update_share = v.share;
+    streamed.device_update_chunk = v.chunk;
+    streamed.resident_layers = v.resident;
+    SlidingTrainer a(cfg, params, host), b(cfg, params, streamed);
+    EXPECT_GT(b.streamed_units(), 0);
+    double streamed_seconds = 0;
+    for (int64_t s = 0; s < 5; ++s) {
+      StepAlike(a, b, s, v.accum, cfg.vocab_size);
+      streamed_seconds += b.last_busy().device_update;  // a step counts the updates that finished in it
+    }
+    if (v.weights_first != WeightsFirst::kOn) {  // weights first on: the streamed units update on the CPU
+      EXPECT_GT(streamed_seconds, 0);
+    }
+    ExpectSameStateAndRestore(a, b, cfg, params, streamed, v.accum);
+  }
+}
+
 // Streamed updates run the same AdamW on the same elements, chunk by chunk through the ring (1000-element chunks
 // cross every parameter boundary and wrap the ring many times): bit-identical to the CPU update, with
 // accumulation, clipping, resident layers beside them, and through a restore.
 TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
-  ModelFixture fx = ModelFixture::Load("qwen3");
-  ModelConfig cfg = fx.config;
-  const ModelParams params = RepeatedLayers(fx, &cfg, 4);
-  const c10::Device cpu(c10::kCPU);
-  struct Variant {
-    int64_t accum;
-    double clip, share;
-    int64_t resident;
-  };
-  for (const Variant& v :
-       {Variant{1, 1.0, 0.5, 0}, Variant{2, 1.0, 1.0, 0}, Variant{1, 0.0, 1.0, 1}, Variant{2, 0.0, 0.34, 1}}) {
-    SCOPED_TRACE("accum " + std::to_string(v.accum) + " clip " + std::to_string(v.clip) + " share " +
-                 std::to_string(v.share) + " resident " + std::to_string(v.resident));
-    TrainerOptions o = Options(c10::kBFloat16, v.clip, cpu);
-    SlidingOptions streamed{.train = o, .window = 2};
-    streamed.device_update_share = v.share;
-    streamed.device_update_chunk = 1000;
-    streamed.resident_layers = v.resident;
-    SlidingTrainer host(cfg, params, {.train = o, .window = 2});
-    SlidingTrainer dev(cfg, params, streamed);
-    double streamed_seconds = 0;
-    for (int64_t s = 0; s < 5; ++s) {
-      StepAlike(host, dev, s, v.accum, cfg.vocab_size);
-      streamed_seconds += dev.last_busy().device_update;  // a step counts the updates that finished in it
-    }
-    EXPECT_GT(streamed_seconds, 0);
-    ExpectSameStateAndRestore(host, dev, cfg, params, streamed, v.accum);
-  }
+  ExpectStreamedLikeHostHeld("qwen3", OptimizerKind::kAdamW,
+                             {{1, 1.0, 0.5, 0}, {2, 1.0, 1.0, 0}, {1, 0.0, 1.0, 1}, {2, 0.0, 0.34, 1}});
 }
 
 // Weights first changes which pass writes the next forward's weights and where they wait (a weights-only pass into
@@ -735,26 +748,65 @@ TEST(SlidingTrainer, AdamW8bitMomentsOnTheNvmeTierAreBitIdenticalToHostState) {
   }
 }
 
-TEST(SlidingTrainer, AdamW8bitRefusesDeviceAndTierPlacementsItCannotRunYet) {
+TEST(SlidingTrainer, AdamW8bitRefusesPlacementsItCannotRun) {
   ModelFixture fx = ModelFixture::Load("llama3");
   const ModelLayout layout = BuildModelLayout(fx.config);
   TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
   o.optimizer = OptimizerKind::kAdamW8bit;
   ScratchDir dir;
-  SlidingOptions streamed{.train = o, .window = 1}, master_tiered = streamed;
-  streamed.device_update_share = 0.5;
+  SlidingOptions host{.train = o, .window = 1}, master_tiered = host, small_chunks = host;
   master_tiered.nvme = SmallTier(TierMode::kMomentsAndMaster, dir);
-  for (const SlidingOptions* so : {&streamed, &master_tiered}) {
-    const Status st = ValidateSlidingOptions(*so, layout);
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    ExpectContains(st.message(), "optimizer adamw_8bit keeps a unit's state in host memory, its moments on the NVMe");
-  }
-  SlidingOptions host{.train = o, .window = 1}, moments_tiered = host, resident = host;
+  Status st = ValidateSlidingOptions(master_tiered, layout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  ExpectContains(st.message(), "optimizer adamw_8bit keeps the master in host memory");
+  small_chunks.device_update_share = 0.5;
+  small_chunks.device_update_chunk = 255;
+  st = ValidateSlidingOptions(small_chunks, layout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  ExpectContains(st.message(), "device_update_chunk must be at least 256, got 255");
+  SlidingOptions moments_tiered = host, resident = host, streamed = host;
   moments_tiered.nvme = SmallTier(TierMode::kMoments, dir);
   resident.resident_layers = 1;
+  streamed.device_update_share = 0.5;
+  streamed.device_update_chunk = 256;
   EXPECT_TRUE(ValidateSlidingOptions(host, layout).ok());
   EXPECT_TRUE(ValidateSlidingOptions(moments_tiered, layout).ok());
   EXPECT_TRUE(ValidateSlidingOptions(resident, layout).ok());
+  EXPECT_TRUE(ValidateSlidingOptions(streamed, layout).ok());
+}
+
+// Streamed units with 8-bit moments: each parameter goes through the ring in whole blocks (a chunk rounded down to
+// 256 elements: 1000 gives pieces of 768 and a shorter last one, 300 and 256 one block at a time) with its absmax,
+// the small parameters as fp32 moments, and the device kernel (on the CPU the host's, standing in) updates them: the
+// losses, norms and every byte of state equal those of the same units updated by the CPU, with accumulation, no
+// clipping, resident units beside them and weights first (streamed units then update on the CPU); the state restores.
+TEST(SlidingTrainer, AdamW8bitStreamedUnitsTrainAsHostHeldOnes) {
+  ExpectStreamedLikeHostHeld("llama3", OptimizerKind::kAdamW8bit,
+                             {{1, 1.0, 0.5, 0, 1000, WeightsFirst::kOff},
+                              {2, 1.0, 1.0, 1, 300, WeightsFirst::kOff},
+                              {1, 0.0, 1.0, 0, 256, WeightsFirst::kOff},
+                              {2, 1.0, 1.0, 0, 1000, WeightsFirst::kOn}});
+}
+
+// On CUDA the streamed 8-bit units' update runs the device kernel on the ring's chunks, against the reference.
+TEST(SlidingTrainer, EqualsReferenceAdamW8bitStreamed_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  Case streamed{"qwen2", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5};
+  streamed.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(streamed, c10::Device(c10::kCUDA, 0));
+  Case with_resident{"qwen2", c10::kBFloat16, 1, 1, 1.0, TierMode::kNone, 1, 1.0};
+  with_resident.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(with_resident, c10::Device(c10::kCUDA, 0));
+}
+
+// The same against the reference on the CPU (the host's kernel standing in for the device's). qwen2: the bf16 runs
+// of llama3 with 8-bit moments drift apart chaotically after a few steps whatever the placement (measured: weight
+// updates 0.6 norm-rel over 20 steps streamed, and streamed units equal host-held ones bit for bit, above), past
+// the bounds RunEquivalence holds bf16 to; qwen2's stay within them (9.8e-3).
+TEST(SlidingTrainer, EqualsReferenceAdamW8bitStreamed) {
+  Case streamed{"qwen2", c10::kBFloat16, 1, 2, 1.0, TierMode::kNone, 0, 0.5};
+  streamed.optimizer = OptimizerKind::kAdamW8bit;
+  RunEquivalence(streamed, c10::Device(c10::kCPU));
 }
 
 TEST(SlidingTrainer, EqualsReferenceBf16GradientsInStaging) {
