@@ -81,16 +81,19 @@ inline bool WeightsFirstAllowed(const SlidingOptions& o) {
   return o.weights_first == WeightsFirst::kOn || (o.weights_first == WeightsFirst::kAuto && o.train.device.is_cuda());
 }
 
-// The share GPU jobs stream (bf16, no NVMe tier); how it was chosen: bench/RESULTS.md, "Streamed updates".
+// The share GPU jobs stream (bf16, no NVMe tier); how it was chosen: bench/RESULTS.md, "Streamed updates" (fp32
+// moments) and "8-bit AdamW on the GPU" (8-bit moments: at 8B batch 16, 0.5 gave the shortest step of 0, 0.5 and
+// 0.7; a streamed element moves 16 bytes over PCIe against fp32's 28, so a larger share pays).
 inline constexpr double kDefaultDeviceUpdateShare = 0.3;
+inline constexpr double kDefaultDeviceUpdateShare8bit = 0.5;
 
-// The share slided's jobs stream when none is asked for: kDefaultDeviceUpdateShare for full fine-tuning with fp32
-// moments in bf16 on a GPU, the state in host memory; none otherwise (8-bit moments stream only when asked for until
-// their streamed path has its own GPU measurement; adapters have no host-held state).
+// The share slided's jobs stream when none is asked for: full fine-tuning in bf16 on a GPU with the state in host
+// memory streams the default share of its optimizer; nothing else streams (adapters have no host-held state).
 inline double DefaultDeviceUpdateShare(const SlidingOptions& o) {
-  const bool fits = o.train.device.is_cuda() && o.train.compute_dtype == c10::kBFloat16 &&
-                    o.nvme.mode == TierMode::kNone && !o.adapter && o.train.optimizer == OptimizerKind::kAdamW;
-  return fits ? kDefaultDeviceUpdateShare : 0.0;
+  if (!o.train.device.is_cuda() || o.train.compute_dtype != c10::kBFloat16 || o.nvme.mode != TierMode::kNone ||
+      o.adapter)
+    return 0.0;
+  return o.train.optimizer == OptimizerKind::kAdamW8bit ? kDefaultDeviceUpdateShare8bit : kDefaultDeviceUpdateShare;
 }
 
 // The share a trainer built from a plan streams: none where the plan parks the layer inputs on the host (their

@@ -18,10 +18,8 @@ StatusOr<ResolvedTrainer> ResolveTrainer(const ModelConfig& cfg, SlidingOptions 
   r.nvme_layers = r.moments_on_nvme ? tier.layers : -1;
   if (r.moments_on_nvme) r.resident_layers = 0;  // the tier keeps every unit's state on disk
   r.optimizer = requested.train.optimizer;
-  // Resident 8-bit units (the device kernel) are given where asked for by count (sliding_bench --resident N) but not
-  // chosen automatically (jobs) until the resident trainer has run on a GPU; the plan counts them with fp32 moments'
-  // bytes, an upper bound. Streamed 8-bit units: as asked (ResolveJobTrainer asks for none yet).
-  if (r.optimizer == OptimizerKind::kAdamW8bit && r.resident_layers == -1) r.resident_layers = 0;
+  // Resident 8-bit units (the device kernel) are planned as fp32 ones are (the plan counts their moments at fp32's
+  // bytes, an upper bound); streamed ones as asked (DefaultDeviceUpdateShare for jobs).
   if (requested.adapter) {  // a frozen base: nothing resident, streamed or weights first (ValidateSlidingOptions)
     r.adapter_numel = BuildAdapterLayout(cfg, *requested.adapter).TotalNumel();
     r.adapter_dropout = requested.adapter->dropout > 0;

@@ -73,9 +73,9 @@ TEST(TrainerResolver, DerivesTheRequestFromTheOptions) {
 // adamw_8bit: no resident layers and no streamed share whatever was asked (the CPU updates every unit); on the NVMe
 // tier a unit's moments travel whole, so the ring is 3 buffers of the largest tiered unit's moment bytes: a layer's
 // when only layers are tiered, the head's (its norm beside the embedding-sized matrix) when every unit is.
-// 8-bit moments: no resident units unless asked for by count, a streamed share as asked (jobs ask for none:
-// DefaultDeviceUpdateShare), and a tier ring of whole units.
-TEST(TrainerResolver, EightBitIsHostHeldUnlessAskedAndCountsAWholeUnitTierRing) {
+// 8-bit moments: resident units planned as fp32 ones (an upper bound on their bytes), the streamed share as asked
+// (jobs: DefaultDeviceUpdateShare, 0.5 for 8-bit moments), and a tier ring of whole units.
+TEST(TrainerResolver, EightBitPlansResidentAndStreamedUnitsAndCountsAWholeUnitTierRing) {
   const ModelConfig cfg = testing::ValueOrDie(ParseHfConfig(
       R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8})",
@@ -89,20 +89,25 @@ TEST(TrainerResolver, EightBitIsHostHeldUnlessAskedAndCountsAWholeUnitTierRing) 
   b.seq_len = 1024;
   b.device_budget_bytes = 24ll << 30;
   b.resident_layers = -1;
-  const ResolvedTrainer host = testing::ValueOrDie(ResolveTrainer(cfg, o, b));
-  EXPECT_EQ(host.options.resident_layers, 0);
-  EXPECT_EQ(host.options.device_update_share, PlannedDeviceUpdateShare(0.5, host.plan.checkpoints_on_host));
-  EXPECT_EQ(host.request.optimizer, OptimizerKind::kAdamW8bit);
+  const ResolvedTrainer q8 = testing::ValueOrDie(ResolveTrainer(cfg, o, b));
+  EXPECT_EQ(q8.request.optimizer, OptimizerKind::kAdamW8bit);
+  EXPECT_EQ(q8.options.device_update_share, PlannedDeviceUpdateShare(0.5, q8.plan.checkpoints_on_host));
+  o.train.optimizer = OptimizerKind::kAdamW;  // the same resident layers as fp32 moments' plan
+  EXPECT_EQ(q8.options.resident_layers, testing::ValueOrDie(ResolveTrainer(cfg, o, b)).options.resident_layers);
+  o.train.optimizer = OptimizerKind::kAdamW8bit;
+  b.resident_layers = 2;  // asked for by count (sliding_bench --resident 2): kept
+  EXPECT_EQ(testing::ValueOrDie(ResolveTrainer(cfg, o, b)).options.resident_layers, 2);
+  b.resident_layers = -1;
   SlidingOptions job = o;
   job.train.device = c10::Device(c10::kCUDA, 0);
-  EXPECT_EQ(DefaultDeviceUpdateShare(job), 0);
+  EXPECT_EQ(DefaultDeviceUpdateShare(job), kDefaultDeviceUpdateShare8bit);
   job.train.optimizer = OptimizerKind::kAdamW;
   EXPECT_EQ(DefaultDeviceUpdateShare(job), kDefaultDeviceUpdateShare);
   job.train.compute_dtype = c10::kFloat;
   EXPECT_EQ(DefaultDeviceUpdateShare(job), 0);
-  b.resident_layers = 2;  // asked for by count (sliding_bench --resident 2): the device kernel's units, kept
-  EXPECT_EQ(testing::ValueOrDie(ResolveTrainer(cfg, o, b)).options.resident_layers, 2);
-  b.resident_layers = -1;
+  job.train.compute_dtype = c10::kBFloat16;
+  job.nvme.mode = TierMode::kMoments;
+  EXPECT_EQ(DefaultDeviceUpdateShare(job), 0);
 
   auto padded = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
   o.nvme.mode = TierMode::kMoments;
