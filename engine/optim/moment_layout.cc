@@ -1,12 +1,29 @@
 #include "engine/optim/moment_layout.h"
 
+#include <c10/util/Exception.h>
+
 #include "engine/optim/adamw_8bit.h"
 
 namespace slide {
 
 int64_t MomentLayout::Blocks(int64_t numel) { return (numel + kQuantBlock - 1) / kQuantBlock; }
 
-MomentLayout::MomentLayout(OptimizerKind kind, const UnitLayout& unit) : kind_(kind) {
+bool QuantizedMoments(int64_t numel) { return numel >= kMin8BitStateNumel; }
+
+namespace {
+std::vector<bool> QuantizedByNumel(const UnitLayout& unit) {
+  std::vector<bool> q;
+  for (const ParamSpec& p : unit.params) q.push_back(QuantizedMoments(p.numel));
+  return q;
+}
+}  // namespace
+
+MomentLayout::MomentLayout(OptimizerKind kind, const UnitLayout& unit)
+    : MomentLayout(kind, unit, QuantizedByNumel(unit)) {}
+
+MomentLayout::MomentLayout(OptimizerKind kind, const UnitLayout& unit, const std::vector<bool>& quantized)
+    : kind_(kind) {
+  TORCH_CHECK(quantized.size() == unit.params.size(), "MomentLayout: one quantisation flag a parameter");
   params_.resize(unit.params.size());
   if (kind == OptimizerKind::kAdamW) {
     for (size_t i = 0; i < unit.params.size(); ++i) params_[i].values = 4 * unit.params[i].offset;
@@ -18,7 +35,7 @@ MomentLayout::MomentLayout(OptimizerKind kind, const UnitLayout& unit) : kind_(k
   // arrays, then the codes.
   int64_t at = 0;
   for (size_t i = 0; i < unit.params.size(); ++i) {
-    params_[i].quantized = unit.params[i].numel >= kMin8BitStateNumel;
+    params_[i].quantized = quantized[i];
     if (params_[i].quantized) continue;
     params_[i].values = at;
     at += 4 * unit.params[i].numel;

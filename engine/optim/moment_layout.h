@@ -28,6 +28,9 @@ class MomentLayout {
 
   MomentLayout() = default;
   MomentLayout(OptimizerKind kind, const UnitLayout& unit);
+  // adamw_8bit with each parameter's quantisation given (a data-parallel shard's pieces: decided by the whole
+  // parameter, QuantizedMoments of its numel).
+  MomentLayout(OptimizerKind kind, const UnitLayout& unit, const std::vector<bool>& quantized);
 
   OptimizerKind kind() const { return kind_; }
   // The buffer of one moment: `numel()` elements of `dtype()` (fp32 for adamw, bytes for adamw_8bit).
@@ -44,6 +47,10 @@ class MomentLayout {
   int64_t bytes_ = 0, float_values_ = 0;
   std::vector<Param> params_;
 };
+
+// Whether a parameter of `numel` elements keeps 8-bit moments under adamw_8bit (smaller ones keep fp32, as
+// bitsandbytes does).
+bool QuantizedMoments(int64_t numel);
 
 // Host bytes of both moments of a model's units (those `counted` selects), for the planner.
 int64_t MomentBytes(OptimizerKind kind, const ModelLayout& layout, const std::vector<bool>& counted);
