@@ -156,13 +156,14 @@ case "$phase" in
       echo "70b qlora batch $b done after $((SECONDS - start)) s"
     done ;;
   lora-peer)
-    # PEFT alone at LORA_BATCHES (8B): for a call that cannot also carry .gpu-debs, right after `lora` on the same
+    # PEFT alone at LORA_BATCHES on LORA_PEER_SHAPE (llama-8b; bench/shapes/qwen2.5-32b asks whether PEFT trains the
+    # 32B shape on the card at all): for a call that cannot also carry .gpu-debs, right after `lora` on the same
     # warm machine.
     python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \
       psutil > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
     for b in ${LORA_BATCHES:-8 32}; do
-      PYTHONPATH=/tmp/peft-site run 240 python3 bench/peers/peer_train.py peft llama-8b "$b"
-      echo "peft 8b batch $b done after $((SECONDS - start)) s"
+      PYTHONPATH=/tmp/peft-site run 240 python3 bench/peers/peer_train.py peft "${LORA_PEER_SHAPE:-llama-8b}" "$b"
+      echo "peft ${LORA_PEER_SHAPE:-llama-8b} batch $b done after $((SECONDS - start)) s"
     done ;;
   qlora-peer)
     python3 -m pip install --no-index --find-links .peer-wheels --no-deps --target /tmp/peft-site peft accelerate \

@@ -19,7 +19,9 @@
                       projection drawn on the GPU and quantised there layer by layer), prepared as QLoRA recipes do
                       (prepare_model_for_kbit_training: norms and embeddings in fp32, checkpointing)
     SHAPE llama-1b | llama-3b | llama-8b | llama-70b (the shapes of bench/llama_shapes.h: vocab 128256), optionally @LAYERS
-          for that shape at another depth (llama-8b@48: 11.5B parameters), as the largest-model ladder uses
+          for that shape at another depth (llama-8b@48: 11.5B parameters), as the largest-model ladder uses; or a
+          directory with a Hugging Face config.json (bench/shapes/qwen2.5-32b), built in the mode's dtype (plain,
+          fwdbwd, fsdp2, deepspeed, peft; qlora takes Llama shapes)
 
 Same work as slideformer's sliding_bench: BATCH sequences of SEQ random tokens per optimizer step, one micro-batch,
 AdamW (lr 1e-5, betas 0.9/0.95, weight decay 0.1), global-norm clipping at 1.0. One warm-up step, then STEPS timed
@@ -35,7 +37,7 @@ import time
 
 import torch
 
-from shapes import VOCAB, dims
+from shapes import VOCAB, dims, shape_config
 
 
 def llama_config(shape):
@@ -48,12 +50,23 @@ def llama_config(shape):
                        attn_implementation="sdpa")
 
 
+def model_config(shape):
+    """The shape's transformers config: a Llama of shapes.py, or a directory's config.json (any architecture)."""
+    if shape_config(shape) is None:
+        return llama_config(shape)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(shape)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
 def build_model(shape, dtype, device):
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(llama_config(shape)).to(dtype)
+    with torch.device(device):  # built in its dtype: a 32B bf16 model never exists in fp32 on the card
+        model = AutoModelForCausalLM.from_config(model_config(shape), dtype=dtype)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return model
