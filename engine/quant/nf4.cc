@@ -95,10 +95,22 @@ float Nf4StatsOffset(const float* absmax, int64_t blocks) {
 }
 
 void CompressNf4Stats(const float* absmax, int64_t blocks, float offset, uint8_t* codes, float* absmax2) {
-  std::vector<float> centred(static_cast<size_t>(blocks));
-  for (int64_t i = 0; i < blocks; ++i) centred[static_cast<size_t>(i)] = absmax[i] - offset;
   static_assert(kNf4StatsBlock == kQuantBlock, "the statistics use the 8-bit blockwise quantiser's block");
-  QuantizeBlockwise(centred.data(), blocks, SignedDynamicMap(), codes, absmax2);
+  std::vector<float> centred(static_cast<size_t>(blocks));
+  // Statistics blocks are independent, so tasks of whole ones give the serial result (a 70B layer has 13M scales).
+  constexpr int64_t kValuesPerTask = 1024 * kNf4StatsBlock;
+  auto task = [&](int64_t t) {
+    const int64_t begin = t * kValuesPerTask, end = std::min(blocks, begin + kValuesPerTask);
+    for (int64_t i = begin; i < end; ++i) centred[static_cast<size_t>(i)] = absmax[i] - offset;
+    QuantizeBlockwise(centred.data() + begin, end - begin, SignedDynamicMap(), codes + begin,
+                      absmax2 + begin / kNf4StatsBlock);
+  };
+  const int64_t tasks = (blocks + kValuesPerTask - 1) / kValuesPerTask;
+  if (tasks <= 1) {
+    if (tasks == 1) task(0);
+    return;
+  }
+  ThreadPool::Default().ParallelFor(tasks, task);
 }
 
 void ExpandNf4Stats(const uint8_t* codes, const float* absmax2, float offset, int64_t blocks, float* absmax) {

@@ -159,6 +159,22 @@ TEST(Nf4, DoubleQuantisationEqualsBitsandbytesOrIsNearer) {
   EXPECT_LT(differ, total / 50) << "more than 2% of the statistics' codes differ from bitsandbytes'";
 }
 
+// A 70B layer's projection has millions of scales: compressed in tasks of whole statistics blocks across the thread
+// pool, which must give the serial quantiser's result (three tasks and a partial fourth, a partial last block).
+TEST(Nf4, CompressedStatisticsDoNotDependOnTheSplit) {
+  const int64_t blocks = 3 * 1024 * kNf4StatsBlock + 1000;
+  at::manual_seed(5);
+  const at::Tensor absmax = at::rand({blocks}) * 0.05 + 0.01;
+  const float offset = Nf4StatsOffset(absmax.data_ptr<float>(), blocks);
+  std::vector<uint8_t> codes(blocks), want_codes(blocks);
+  std::vector<float> absmax2((blocks + kNf4StatsBlock - 1) / kNf4StatsBlock), want_absmax2(absmax2.size());
+  CompressNf4Stats(absmax.data_ptr<float>(), blocks, offset, codes.data(), absmax2.data());
+  const at::Tensor centred = absmax - offset;
+  QuantizeBlockwise(centred.data_ptr<float>(), blocks, SignedDynamicMap(), want_codes.data(), want_absmax2.data());
+  EXPECT_EQ(codes, want_codes);
+  EXPECT_EQ(absmax2, want_absmax2);
+}
+
 TEST(Nf4, TensorsRoundTripAsTheRoutines) {
   Bnb bnb;
   for (const std::string& w : kWeights) {
