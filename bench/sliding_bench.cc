@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
   if (f.qlora) {  // the layers drawn and quantised one at a time: the base is never whole in bf16
     base.layout = BuildModelLayout(cfg);
     for (size_t u = 0; u < base.layout.units.size(); ++u) {
-      // Decoder layers are drawn in fp32, which they are quantised from: ATen draws bf16 normals several times slower.
+      // Decoder layers are drawn in fp32, which they are quantised from (no bf16 copy and rounding in between).
       const bool layer = base.layout.units[u].kind == UnitKind::kDecoderLayer;
       at::Tensor unit = bench::RandomLlamaUnit(base.layout.units[u], u, layer ? at::kFloat : base_dtype);
       if (!layer) {

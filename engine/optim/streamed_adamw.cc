@@ -8,15 +8,15 @@
 
 #include "engine/optim/adamw_8bit.h"
 #include "engine/optim/tensor_adamw.h"
+#include "engine/optim/unit_adamw.h"
 
 namespace slide {
 namespace {
 
-// Where a quantised chunk's codes start in a slot's moment region: after the absmax of a full chunk's blocks.
-int64_t CodesAt(int64_t chunk) { return 4 * MomentLayout::Blocks(chunk); }
-
-at::Tensor Floats(const at::Tensor& bytes, int64_t byte_offset, int64_t n) {
-  return bytes.narrow(0, byte_offset, 4 * n).view(at::kFloat);
+// Where an 8-bit chunk's moments lie in a slot's moment region (bytes): a quantised parameter's absmax first, then
+// its codes after room for a full chunk's blocks; a small parameter's fp32 values from the start.
+MomentLayout::Param SlotMoments(bool quantized, int64_t chunk) {
+  return {.quantized = quantized, .values = quantized ? 4 * MomentLayout::Blocks(chunk) : 0, .absmax = 0};
 }
 
 }  // namespace
@@ -42,12 +42,14 @@ std::vector<StreamChunk> PlanStreamChunks(const HostUnitUpdate& u, int64_t chunk
                     .len = std::min(step, range.numel - o),
                     .range = static_cast<int>(r),
                     .moment_bytes = {}};
+      const MomentLayout::Param slot = SlotMoments(where.quantized, chunk);
       if (where.quantized) {  // whole blocks from the parameter's first element: its absmax entries, then its codes
-        c.moment_bytes.push_back(
-            {.host = where.absmax + 4 * (o / kQuantBlock), .slot = 0, .size = 4 * MomentLayout::Blocks(c.len)});
-        c.moment_bytes.push_back({.host = where.values + o, .slot = CodesAt(chunk), .size = c.len});
+        c.moment_bytes.push_back({.host = where.absmax + 4 * (o / kQuantBlock),
+                                  .slot = slot.absmax,
+                                  .size = 4 * MomentLayout::Blocks(c.len)});
+        c.moment_bytes.push_back({.host = where.values + o, .slot = slot.values, .size = c.len});
       } else {
-        c.moment_bytes.push_back({.host = where.values + 4 * o, .slot = 0, .size = 4 * c.len});
+        c.moment_bytes.push_back({.host = where.values + 4 * o, .slot = slot.values, .size = 4 * c.len});
       }
       chunks.push_back(std::move(c));
     }
@@ -87,16 +89,9 @@ void AdamWRing::Run(int slot, const StreamChunk& c, const HostUnitUpdate& u) {
     return;
   }
   const HostUnitUpdate::Range& r = u.ranges.at(static_cast<size_t>(c.range));
-  const at::Tensor p = master(slot).narrow(0, 0, c.len), grad_part = g.narrow(0, 0, c.len);
-  const at::Tensor out = u.out.defined() ? out_[slot].narrow(0, 0, c.len) : at::Tensor();
-  const at::Tensor m = moment_bytes(slot, 0), v = moment_bytes(slot, 1);
-  if (!r.moments.quantized) {
-    TensorAdamW(p, Floats(m, 0, c.len), Floats(v, 0, c.len), grad_part, out, r.args, simd_);
-    return;
-  }
-  const int64_t blocks = MomentLayout::Blocks(c.len), codes = CodesAt(chunk_);
-  TensorAdamW8bit(p, m.narrow(0, codes, c.len), Floats(m, 0, blocks), v.narrow(0, codes, c.len), Floats(v, 0, blocks),
-                  grad_part, out, r.args, simd_);
+  ParamAdamW(SlotMoments(r.moments.quantized, chunk_), master(slot).narrow(0, 0, c.len), moment_bytes(slot, 0),
+             moment_bytes(slot, 1), g.narrow(0, 0, c.len),
+             u.out.defined() ? out_[slot].narrow(0, 0, c.len) : at::Tensor(), r.args, simd_);
 }
 
 }  // namespace slide

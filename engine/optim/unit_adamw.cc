@@ -100,33 +100,31 @@ void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, cons
   if (copy_f32) std::memcpy(r.weights_out.data_ptr<float>(), r.master, r.n * sizeof(float));
 }
 
+void ParamAdamW(const MomentLayout::Param& where, const at::Tensor& master, const at::Tensor& exp_avg,
+                const at::Tensor& exp_avg_sq, const at::Tensor& grad, const at::Tensor& weights_bf16,
+                const AdamWStepArgs& args, SimdLevel simd) {
+  const int64_t n = master.numel();
+  const at::Tensor m = exp_avg.view(at::kByte), v = exp_avg_sq.view(at::kByte);
+  auto floats = [](const at::Tensor& bytes, int64_t byte_offset, int64_t count) {
+    return bytes.narrow(0, byte_offset, 4 * count).view(at::kFloat);
+  };
+  if (!where.quantized) {
+    TensorAdamW(master, floats(m, where.values, n), floats(v, where.values, n), grad, weights_bf16, args, simd);
+    return;
+  }
+  const int64_t blocks = MomentLayout::Blocks(n);
+  TensorAdamW8bit(master, m.narrow(0, where.values, n), floats(m, where.absmax, blocks), v.narrow(0, where.values, n),
+                  floats(v, where.absmax, blocks), grad, weights_bf16, args, simd);
+}
+
 void DeviceUnitAdamW(const UnitLayout& unit, const MomentLayout& moments, const at::Tensor& master,
                      const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& grad,
                      const at::Tensor& weights_bf16, const AdamWStepArgs& args, SimdLevel simd) {
-  const bool q8 = moments.kind() == OptimizerKind::kAdamW8bit;
   for (size_t p = 0; p < unit.params.size(); ++p) {
     const ParamSpec& spec = unit.params[p];
     auto part = [&](const at::Tensor& t) { return t.narrow(0, spec.offset, spec.numel); };
-    const at::Tensor out = weights_bf16.defined() ? part(weights_bf16) : at::Tensor();
-    const AdamWStepArgs param_args = ParamStepArgs(spec, args);
-    if (!q8) {
-      TensorAdamW(part(master), part(exp_avg), part(exp_avg_sq), part(grad), out, param_args, simd);
-      continue;
-    }
-    // The 8-bit buffers are bytes: a parameter's codes, its fp32 absmax, or (small parameters) its fp32 moments.
-    const MomentLayout::Param& where = moments.params()[p];
-    auto floats = [](const at::Tensor& bytes, int64_t offset, int64_t n) {
-      return bytes.narrow(0, offset, 4 * n).view(at::kFloat);
-    };
-    if (!where.quantized) {
-      TensorAdamW(part(master), floats(exp_avg, where.values, spec.numel), floats(exp_avg_sq, where.values, spec.numel),
-                  part(grad), out, param_args, simd);
-      continue;
-    }
-    const int64_t blocks = (spec.numel + kQuantBlock - 1) / kQuantBlock;
-    TensorAdamW8bit(part(master), exp_avg.narrow(0, where.values, spec.numel), floats(exp_avg, where.absmax, blocks),
-                    exp_avg_sq.narrow(0, where.values, spec.numel), floats(exp_avg_sq, where.absmax, blocks),
-                    part(grad), out, param_args, simd);
+    ParamAdamW(moments.params()[p], part(master), exp_avg, exp_avg_sq, part(grad),
+               weights_bf16.defined() ? part(weights_bf16) : at::Tensor(), ParamStepArgs(spec, args), simd);
   }
 }
 

@@ -49,6 +49,13 @@ struct HostUnit8bitRange {
 void HostUnitAdamW8bit(const UnitLayout& unit, const MomentLayout& moments, const HostUnit8bitRange& range,
                        const AdamWStepArgs& args, SimdLevel simd);
 
+// One parameter's AdamW on tensors wherever they live (TensorAdamW, or TensorAdamW8bit for 8-bit moments): its fp32
+// master, gradient and optional bf16 weights ([numel] each), and its moments where `where` puts them in the two moment
+// buffers (read as bytes: fp32 values, or 8-bit codes and their absmax).
+void ParamAdamW(const MomentLayout::Param& where, const at::Tensor& master, const at::Tensor& exp_avg,
+                const at::Tensor& exp_avg_sq, const at::Tensor& grad, const at::Tensor& weights_bf16,
+                const AdamWStepArgs& args, SimdLevel simd);
+
 // A unit on the device, whole: fp32 master, the moments as `moments` lays them out (fp32 [numel], or the 8-bit
 // buffers of MomentLayout bytes), the gradient, and the bf16 weights (undefined with fp32 compute, where the master is
 // what the forward reads). On the current stream.

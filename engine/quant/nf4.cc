@@ -105,12 +105,7 @@ void CompressNf4Stats(const float* absmax, int64_t blocks, float offset, uint8_t
     QuantizeBlockwise(centred.data() + begin, end - begin, SignedDynamicMap(), codes + begin,
                       absmax2 + begin / kNf4StatsBlock);
   };
-  const int64_t tasks = (blocks + kValuesPerTask - 1) / kValuesPerTask;
-  if (tasks <= 1) {
-    if (tasks == 1) task(0);
-    return;
-  }
-  ThreadPool::Default().ParallelFor(tasks, task);
+  ThreadPool::Default().ParallelFor((blocks + kValuesPerTask - 1) / kValuesPerTask, task);  // one task: inline
 }
 
 void ExpandNf4Stats(const uint8_t* codes, const float* absmax2, float offset, int64_t blocks, float* absmax) {

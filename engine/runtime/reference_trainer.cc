@@ -51,16 +51,6 @@ at::Tensor FloatView(const at::Tensor& buffer, int64_t byte_offset, int64_t n) {
 // One parameter's AdamW step with 8-bit moments: dequantised, the reference step in fp32, requantised blockwise.
 void Reference8bitStep(at::Tensor& p, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                        const MomentLayout::Param& where, const AdamWHyper& hp, int64_t step) {
-  if (!p.device().is_cpu()) {
-    // The reference's blockwise codec is the CPU's: on a device it steps host copies and writes them back, so the
-    // device kernel under test is checked against the CPU body.
-    at::Tensor host_p = p.cpu(), host_m = exp_avg.cpu(), host_v = exp_avg_sq.cpu();
-    Reference8bitStep(host_p, grad.cpu(), host_m, host_v, where, hp, step);
-    p.copy_(host_p);
-    exp_avg.copy_(host_m);
-    exp_avg_sq.copy_(host_v);
-    return;
-  }
   const int64_t n = p.numel();
   if (!where.quantized) {
     at::Tensor m = FloatView(exp_avg, where.values, n).view(p.sizes());
@@ -114,21 +104,36 @@ StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
 
   AdamWHyper hp = options_.adamw;
   hp.lr = stats.lr;
+  const bool q8 = options_.optimizer == OptimizerKind::kAdamW8bit;
   for (size_t u = 0; u < master_.layout.units.size(); ++u) {
+    // The reference's blockwise codec is the CPU's: on a device, 8-bit moments step host copies of the unit's state,
+    // written back after, so a device kernel under test is checked against the CPU body.
+    const bool host_copies = q8 && !options_.device.is_cpu();
+    at::Tensor master = master_.units[u], grad = grads.units[u], exp_avg = exp_avg_[u], exp_avg_sq = exp_avg_sq_[u];
+    if (host_copies) {
+      master = master.cpu();
+      grad = grad.cpu();
+      exp_avg = exp_avg.cpu();
+      exp_avg_sq = exp_avg_sq.cpu();
+    }
     const auto& params = master_.layout.units[u].params;
     for (size_t i = 0; i < params.size(); ++i) {
       const ParamSpec& spec = params[i];
       AdamWHyper p_hp = hp;
       if (!spec.weight_decay) p_hp.weight_decay = 0;
-      at::Tensor p = ParamView(spec, master_.units[u]);
-      if (options_.optimizer == OptimizerKind::kAdamW8bit) {
-        Reference8bitStep(p, ParamView(spec, grads.units[u]), exp_avg_[u], exp_avg_sq_[u],
-                          moment_layout_[u].params()[i], p_hp, step_);
+      at::Tensor p = ParamView(spec, master);
+      if (q8) {
+        Reference8bitStep(p, ParamView(spec, grad), exp_avg, exp_avg_sq, moment_layout_[u].params()[i], p_hp, step_);
         continue;
       }
-      at::Tensor m = ParamView(spec, exp_avg_[u]);
-      at::Tensor v = ParamView(spec, exp_avg_sq_[u]);
-      AdamWReferenceStep(p, ParamView(spec, grads.units[u]), m, v, p_hp, step_);
+      at::Tensor m = ParamView(spec, exp_avg);
+      at::Tensor v = ParamView(spec, exp_avg_sq);
+      AdamWReferenceStep(p, ParamView(spec, grad), m, v, p_hp, step_);
+    }
+    if (host_copies) {
+      master_.units[u].copy_(master);
+      exp_avg_[u].copy_(exp_avg);
+      exp_avg_sq_[u].copy_(exp_avg_sq);
     }
   }
   return stats;
