@@ -6,7 +6,8 @@
 #   bench/run_gpu.sh build       configure + build, every GPU test (ctest -L gpu), the CPU AdamW benchmark
 #   bench/run_gpu.sh set NAME    the runs of bench/runs/NAME.yaml (targets, peers, memory, tier, kernels, nvme):
 #                                builds what the set names, takes its setup steps (deepspeed), runs it, and adds each
-#                                step trace's summary (bench/trace_summary.py) to bench.jsonl
+#                                step trace's summary (bench/trace_summary.py) to bench.jsonl; SET_FLAGS passes
+#                                run_set's --only NAME,NAME and --budget S (a set split over two calls)
 #   bench/run_gpu.sh daemon      slided's GPU tests: the demo, kill -9 and SIGTERM resume, the 50-watcher load
 #   bench/run_gpu.sh largest     the deepest llama-8b@LAYERS model trained on this box without and with the NVMe tier,
 #                                sized from the memory plan (--plan-only) against free memory and disk; with
@@ -101,7 +102,7 @@ case "$phase" in
         *) echo "unknown setup step $step"; exit 1 ;;
       esac
     done
-    build-gpu/bench/run_set "$set_file" --out "$OUT" --commit "$commit" --hardware "$hardware" --bin build-gpu
+    build-gpu/bench/run_set "$set_file" --out "$OUT" --commit "$commit" --hardware "$hardware" --bin build-gpu ${SET_FLAGS:-}
     for trace in "$OUT"/trace-*.json; do
       [ -f "$trace" ] || continue
       tag=$(basename "$trace" .json)

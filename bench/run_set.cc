@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -143,6 +144,8 @@ int Execute(const std::vector<std::string>& argv, const std::map<std::string, st
 
 int main(int argc, char** argv) {
   std::string set_path, out = ".", commit, hardware, bin = "build-gpu", list;
+  std::vector<std::string> only;
+  double budget_s = -1;
   CLI::App app{"run_set: a named set of benchmark runs, their JSON lines labelled into OUT/bench.jsonl", "run_set"};
   app.add_option("set", set_path, "bench/runs/NAME.yaml")->required()->check(CLI::ExistingFile);
   app.add_option("--out", out, "output directory");
@@ -151,6 +154,8 @@ int main(int argc, char** argv) {
   app.add_option("--bin", bin, "the build directory {bin} stands for");
   app.add_option("--list", list, "print the set's build targets or setup steps and exit")
       ->check(CLI::IsMember({"build", "setup"}));
+  app.add_option("--only", only, "run just these runs, by name (a set split over two device calls)")->delimiter(',');
+  app.add_option("--budget", budget_s, "seconds after which no run starts, in place of the set's budget_s (0: none)");
   CLI11_PARSE(app, argc, argv);
   RunSet set;
   try {
@@ -164,6 +169,13 @@ int main(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
+  if (budget_s >= 0) set.budget_s = budget_s;
+  for (const auto& name : only) {
+    if (std::none_of(set.runs.begin(), set.runs.end(), [&](const Run& r) { return r.name == name; })) {
+      std::fprintf(stderr, "run_set: --only names %s, which %s does not have\n", name.c_str(), set_path.c_str());
+      return 2;
+    }
+  }
   if (commit.empty()) {
     std::fprintf(stderr, "run_set: --commit is required to label the results\n");
     return 2;
@@ -174,6 +186,7 @@ int main(int argc, char** argv) {
   std::ofstream err_log(out + "/bench.err", std::ios::app);
   int failed = 0;
   for (const Run& run : set.runs) {
+    if (!only.empty() && std::find(only.begin(), only.end(), run.name) == only.end()) continue;
     if (set.budget_s > 0 && elapsed() >= set.budget_s) {
       std::printf("skipped (time): %s\n", run.name.c_str());
       continue;
