@@ -74,6 +74,39 @@ void Reference8bitStep(at::Tensor& p, const at::Tensor& grad, const at::Tensor& 
 
 }  // namespace
 
+void ReferenceUnitStep(at::Tensor& master, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                       const UnitLayout& unit, const MomentLayout& moments, const AdamWHyper& hp, int64_t step) {
+  const bool q8 = moments.kind() == OptimizerKind::kAdamW8bit;
+  // The reference's blockwise codec is the CPU's: on a device, 8-bit moments step host copies of the unit's state,
+  // written back after, so a device kernel under test is checked against the CPU body.
+  const bool host_copies = q8 && !master.device().is_cpu();
+  at::Tensor m_flat = master, g_flat = grad, ea = exp_avg, eas = exp_avg_sq;
+  if (host_copies) {
+    m_flat = master.cpu();
+    g_flat = grad.cpu();
+    ea = exp_avg.cpu();
+    eas = exp_avg_sq.cpu();
+  }
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const ParamSpec& spec = unit.params[i];
+    AdamWHyper p_hp = hp;
+    if (!spec.weight_decay) p_hp.weight_decay = 0;
+    at::Tensor p = ParamView(spec, m_flat);
+    if (q8) {
+      Reference8bitStep(p, ParamView(spec, g_flat), ea, eas, moments.params()[i], p_hp, step);
+      continue;
+    }
+    at::Tensor m = ParamView(spec, ea);
+    at::Tensor v = ParamView(spec, eas);
+    AdamWReferenceStep(p, ParamView(spec, g_flat), m, v, p_hp, step);
+  }
+  if (host_copies) {
+    master.copy_(m_flat);
+    exp_avg.copy_(ea);
+    exp_avg_sq.copy_(eas);
+  }
+}
+
 StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
   TORCH_CHECK(!micro_batches.empty(), "a step needs at least one micro-batch");
   StepStats stats;
@@ -104,37 +137,9 @@ StepStats ReferenceTrainer::Step(const std::vector<MicroBatch>& micro_batches) {
 
   AdamWHyper hp = options_.adamw;
   hp.lr = stats.lr;
-  const bool q8 = options_.optimizer == OptimizerKind::kAdamW8bit;
   for (size_t u = 0; u < master_.layout.units.size(); ++u) {
-    // The reference's blockwise codec is the CPU's: on a device, 8-bit moments step host copies of the unit's state,
-    // written back after, so a device kernel under test is checked against the CPU body.
-    const bool host_copies = q8 && !options_.device.is_cpu();
-    at::Tensor master = master_.units[u], grad = grads.units[u], exp_avg = exp_avg_[u], exp_avg_sq = exp_avg_sq_[u];
-    if (host_copies) {
-      master = master.cpu();
-      grad = grad.cpu();
-      exp_avg = exp_avg.cpu();
-      exp_avg_sq = exp_avg_sq.cpu();
-    }
-    const auto& params = master_.layout.units[u].params;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const ParamSpec& spec = params[i];
-      AdamWHyper p_hp = hp;
-      if (!spec.weight_decay) p_hp.weight_decay = 0;
-      at::Tensor p = ParamView(spec, master);
-      if (q8) {
-        Reference8bitStep(p, ParamView(spec, grad), exp_avg, exp_avg_sq, moment_layout_[u].params()[i], p_hp, step_);
-        continue;
-      }
-      at::Tensor m = ParamView(spec, exp_avg);
-      at::Tensor v = ParamView(spec, exp_avg_sq);
-      AdamWReferenceStep(p, ParamView(spec, grad), m, v, p_hp, step_);
-    }
-    if (host_copies) {
-      master_.units[u].copy_(master);
-      exp_avg_[u].copy_(exp_avg);
-      exp_avg_sq_[u].copy_(exp_avg_sq);
-    }
+    ReferenceUnitStep(master_.units[u], grads.units[u], exp_avg_[u], exp_avg_sq_[u], master_.layout.units[u],
+                      moment_layout_[u], hp, step_);
   }
   return stats;
 }

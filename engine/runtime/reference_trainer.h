@@ -64,6 +64,13 @@ class ReferenceTrainer {
   int64_t step_ = 0;
 };
 
+// One unit's AdamW step over flat buffers (master, grad [unit.numel]; the moments laid out by `moments`), each
+// parameter as the reference does it: fp32 moments in place, 8-bit ones dequantised, stepped, requantised on the
+// host. Weight decay only where the parameter's spec asks for it. Shared with the data-parallel reference, whose
+// shards are units of their own (engine/parallel/shard_layout.h).
+void ReferenceUnitStep(at::Tensor& master, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                       const UnitLayout& unit, const MomentLayout& moments, const AdamWHyper& hp, int64_t step);
+
 // HF-style labels (label[t] is the token at t; the model predicts it from t-1) -> shifted targets.
 at::Tensor ShiftLabels(const at::Tensor& labels);
 

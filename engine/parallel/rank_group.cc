@@ -1,0 +1,138 @@
+#include "engine/parallel/rank_group.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // its Gloo names: engine/parallel/gloo_names
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+namespace slide {
+
+struct RankGroup::Backend {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> group;
+  std::chrono::milliseconds timeout;
+};
+
+namespace {
+
+// A collective's failure: a peer that died or timed out is the environment's failure, not a bug.
+Status CollectiveFailed(const char* what, const std::exception& e) {
+  return Status(StatusCode::kUnavailable, std::string("rank group: ") + what + " failed: " + e.what());
+}
+
+StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const RankGroupOptions& o) {
+  const std::string file = "file:", tcp = "tcp://";
+  if (o.rendezvous.rfind(file, 0) == 0 && o.rendezvous.size() > file.size()) {
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<c10d::FileStore>(o.rendezvous.substr(file.size()), o.world));
+  }
+  if (o.rendezvous.rfind(tcp, 0) == 0) {
+    const std::string where = o.rendezvous.substr(tcp.size());
+    const size_t colon = where.rfind(':');
+    int port = -1;
+    if (colon != std::string::npos && colon > 0) {
+      try {
+        size_t used = 0;
+        port = std::stoi(where.substr(colon + 1), &used);
+        if (used != where.size() - colon - 1) port = -1;
+      } catch (const std::exception&) {
+        port = -1;
+      }
+    }
+    if (port < 1 || port > 65535)
+      return InvalidArgument("rank group: rendezvous " + o.rendezvous + " is not tcp://HOST:PORT");
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(port);
+    store_options.isServer = o.rank == 0 && o.rank_zero_serves_store;
+    store_options.numWorkers = o.world;
+    store_options.timeout = o.timeout;
+    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(where.substr(0, colon), store_options));
+  }
+  return InvalidArgument("rank group: rendezvous '" + o.rendezvous + "' is neither file:PATH nor tcp://HOST:PORT");
+}
+
+}  // namespace
+
+RankGroup::RankGroup(int rank, int world, std::unique_ptr<Backend> backend)
+    : rank_(rank), world_(world), backend_(std::move(backend)) {}
+
+RankGroup::~RankGroup() = default;
+
+StatusOr<std::unique_ptr<RankGroup>> RankGroup::Connect(const RankGroupOptions& options) {
+  if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
+    return InvalidArgument("rank group: rank " + std::to_string(options.rank) + " of world " +
+                           std::to_string(options.world));
+  }
+  if (options.transport == RankGroupOptions::Transport::kNccl) {
+    return Status(StatusCode::kUnavailable, "rank group: the NCCL transport is not built into this engine yet");
+  }
+  auto backend = std::make_unique<Backend>();
+  backend->timeout = options.timeout;
+  try {
+    auto store = OpenStore(options);
+    if (!store.ok()) return store.status();
+    backend->store = *store;
+    auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    gloo->devices.push_back(options.gloo_address.empty()
+                                ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_address));
+    backend->group = c10::make_intrusive<c10d::ProcessGroupGloo>(backend->store, options.rank, options.world, gloo);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kUnavailable, "rank group: rank " + std::to_string(options.rank) + " of " +
+                                                std::to_string(options.world) + " could not join at " +
+                                                options.rendezvous + ": " + e.what());
+  }
+  return std::unique_ptr<RankGroup>(new RankGroup(options.rank, options.world, std::move(backend)));
+}
+
+Status RankGroup::AllReduceSum(at::Tensor& tensor) {
+  try {
+    std::vector<at::Tensor> tensors{tensor};
+    backend_->group->allreduce(tensors)->wait(backend_->timeout);
+  } catch (const std::exception& e) {
+    return CollectiveFailed("all-reduce", e);
+  }
+  return Status::Ok();
+}
+
+Status RankGroup::ReduceScatterSum(const at::Tensor& input, at::Tensor& output) {
+  if (input.numel() != output.numel() * world_) {
+    return Internal("rank group: reduce-scatter of " + std::to_string(input.numel()) + " elements into " +
+                    std::to_string(output.numel()) + " per rank of " + std::to_string(world_));
+  }
+  try {
+    at::Tensor in = input;  // c10d takes the input by non-const reference and does not write it
+    backend_->group->_reduce_scatter_base(output, in)->wait(backend_->timeout);
+  } catch (const std::exception& e) {
+    return CollectiveFailed("reduce-scatter", e);
+  }
+  return Status::Ok();
+}
+
+Status RankGroup::AllGather(const at::Tensor& input, at::Tensor& output) {
+  if (output.numel() != input.numel() * world_) {
+    return Internal("rank group: all-gather of " + std::to_string(input.numel()) + " elements per rank into " +
+                    std::to_string(output.numel()) + " over " + std::to_string(world_));
+  }
+  try {
+    at::Tensor in = input;
+    backend_->group->_allgather_base(output, in)->wait(backend_->timeout);
+  } catch (const std::exception& e) {
+    return CollectiveFailed("all-gather", e);
+  }
+  return Status::Ok();
+}
+
+Status RankGroup::Barrier() {
+  try {
+    backend_->group->barrier()->wait(backend_->timeout);
+  } catch (const std::exception& e) {
+    return CollectiveFailed("barrier", e);
+  }
+  return Status::Ok();
+}
+
+}  // namespace slide
