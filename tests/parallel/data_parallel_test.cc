@@ -240,7 +240,9 @@ TEST(DataParallel, TcpStoreRendezvousGivesTheFileStoreBits) {
 }
 
 // 8-bit moments over two ranks: each shard quantises its blocks as the whole unit does (ShardLayout), so the run
-// follows the one-rank 8-bit reference.
+// follows the one-rank 8-bit reference. Not to fp32 rounding: a gradient that differs in its last bits can move a
+// moment across a code boundary of the 8-bit map, a step of up to a few percent of the block's largest moment
+// (1.7e-2 of the largest update measured here; fp32 moments give 1.7e-4).
 TEST(DataParallel, EightBitMomentsOverTwoRanksFollowTheReference) {
   ScratchDir dir;
   const std::string d = dir.path();
@@ -256,7 +258,7 @@ TEST(DataParallel, EightBitMomentsOverTwoRanksFollowTheReference) {
   }
   const double worst = WorstUpdateDifference(ReadMaster(d + "/state"), ref.master);
   std::printf("DP 8-bit world 2: worst weight-update difference %.2e\n", worst);
-  EXPECT_LT(worst, 2e-2);
+  EXPECT_LT(worst, 5e-2);
 }
 
 // Rank 1 is killed as step 1 begins: rank 0's step fails with the group's error within its timeout (not a hang, not
