@@ -75,8 +75,10 @@ StatusOr<StepStats> DataParallelReference::Step(const std::vector<MicroBatch>& m
 
   // The loss normaliser is the global batch's target count, as the one-rank trainer counts it.
   StepStats stats;
-  at::Tensor count = at::zeros({1}, at::kLong);
-  for (const auto& mb : mine) count[0] += CheckedTargetCount(mb.targets, cfg_.vocab_size);
+  int64_t targets = 0;
+  for (const auto& mb : mine) targets += CheckedTargetCount(mb.targets, cfg_.vocab_size);
+  // The small reductions travel as tensors on the ranks' device (NCCL reduces device memory only).
+  at::Tensor count = at::full({1}, targets, at::TensorOptions().dtype(at::kLong).device(dev));
   SLIDE_RETURN_IF_ERROR(group_.AllReduceSum(count));
   stats.valid_targets = count.item<int64_t>();
   const double normalizer = std::max<int64_t>(1, stats.valid_targets);
@@ -94,7 +96,7 @@ StatusOr<StepStats> DataParallelReference::Step(const std::vector<MicroBatch>& m
       compute.units[u].mutable_grad().zero_();
     }
   }
-  at::Tensor loss_sum = at::full({1}, loss, at::kDouble);
+  at::Tensor loss_sum = at::full({1}, loss, at::TensorOptions().dtype(at::kDouble).device(dev));
   SLIDE_RETURN_IF_ERROR(group_.AllReduceSum(loss_sum));
   stats.loss = loss_sum.item<double>();
 
@@ -102,7 +104,8 @@ StatusOr<StepStats> DataParallelReference::Step(const std::vector<MicroBatch>& m
   // range of the unit (ShardLayout::capacity elements, the tail zero).
   const size_t units = grads.units.size();
   std::vector<at::Tensor> shard_grad(units);
-  at::Tensor partial_norms = at::empty({static_cast<int64_t>(units)}, at::kFloat);
+  at::Tensor partial_norms =
+      at::empty({static_cast<int64_t>(units)}, at::TensorOptions().dtype(at::kFloat).device(dev));
   for (size_t u = 0; u < units; ++u) {
     const int64_t cap = shards_.capacity(u);
     at::Tensor padded = at::zeros({world * cap}, grads.units[u].options());
@@ -113,12 +116,12 @@ StatusOr<StepStats> DataParallelReference::Step(const std::vector<MicroBatch>& m
     at::Tensor reduced = at::empty({cap}, padded.options());
     SLIDE_RETURN_IF_ERROR(group_.ReduceScatterSum(padded, reduced));
     shard_grad[u] = reduced.narrow(0, 0, master_[u].numel());
-    partial_norms[static_cast<int64_t>(u)] = at::linalg_vector_norm(shard_grad[u], 2).cpu();
+    partial_norms[static_cast<int64_t>(u)] = at::linalg_vector_norm(shard_grad[u], 2);
   }
 
   // Exact clipping: the global norm from every rank's per-unit partial norms (with one rank, the one-rank
   // trainer's computation exactly: the norm of the units' norms).
-  at::Tensor all_norms = at::empty({world * static_cast<int64_t>(units)}, at::kFloat);
+  at::Tensor all_norms = at::empty({world * static_cast<int64_t>(units)}, partial_norms.options());
   SLIDE_RETURN_IF_ERROR(group_.AllGather(partial_norms, all_norms));
   stats.grad_norm = at::linalg_vector_norm(all_norms, 2).item<double>();
   if (options_.max_grad_norm > 0) {

@@ -3,6 +3,9 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // its Gloo names: engine/parallel/gloo_names
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if SLIDE_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <exception>
 #include <utility>
@@ -66,15 +69,26 @@ StatusOr<std::unique_ptr<RankGroup>> RankGroup::Connect(const RankGroupOptions& 
     return InvalidArgument("rank group: rank " + std::to_string(options.rank) + " of world " +
                            std::to_string(options.world));
   }
+#if !SLIDE_HAVE_NCCL
   if (options.transport == RankGroupOptions::Transport::kNccl) {
-    return Status(StatusCode::kUnavailable, "rank group: the NCCL transport is not built into this engine yet");
+    return Status(StatusCode::kUnavailable, "rank group: this build has no NCCL (a CUDA build finds the wheel's)");
   }
+#endif
   auto backend = std::make_unique<Backend>();
   backend->timeout = options.timeout;
   try {
     auto store = OpenStore(options);
     if (!store.ok()) return store.status();
     backend->store = *store;
+#if SLIDE_HAVE_NCCL
+    if (options.transport == RankGroupOptions::Transport::kNccl) {
+      // The device is the tensors' (each rank's thread or process works on its own GPU).
+      auto nccl = c10d::ProcessGroupNCCL::Options::create();
+      nccl->timeout = options.timeout;
+      backend->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(backend->store, options.rank, options.world, nccl);
+      return std::unique_ptr<RankGroup>(new RankGroup(options.rank, options.world, std::move(backend)));
+    }
+#endif
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo->devices.push_back(options.gloo_address.empty()
                                 ? c10d::ProcessGroupGloo::createDefaultDevice()

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/parallel/rank_group.h"
 #include "tests/parallel/dp_fixture.h"
 #include "tests/support/scratch_dir.h"
 
@@ -278,6 +279,64 @@ TEST(DataParallel, ARankKilledMidRunFailsTheOthersStepWithAStatus) {
   EXPECT_NE(err.find("step 1"), std::string::npos) << err;
   EXPECT_EQ(ReadStats(d + "/stats.0").size(), 1u);  // step 0 completed before the loss
   EXPECT_LT(ranks.seconds, 90);
+}
+
+// Every GPU of the box as a rank on its own thread over NCCL (one on a one-GPU box: the NCCL path of each collective
+// the step makes; all of them on a multi-GPU kind), fp32 compute, against the reference on the first GPU.
+TEST(DataParallel, EveryGpuAsARankThreadFollowsTheReference_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  ScratchDir dir;
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  const ModelConfig cfg = dp_fixture::Config();
+  const TrainerState start = dp_fixture::Start(cfg);
+  std::vector<std::vector<StepStats>> stats(gpus);
+  std::vector<std::string> failures(gpus);
+  ModelParams gathered;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < gpus; ++r) {
+    threads.emplace_back([&, r] {
+      RankGroupOptions o;
+      o.transport = RankGroupOptions::Transport::kNccl;
+      o.rank = r;
+      o.world = gpus;
+      o.rendezvous = "file:" + dir.path() + "/store";
+      auto group = RankGroup::Connect(o);
+      if (!group.ok()) {
+        failures[r] = group.status().ToString();
+        return;
+      }
+      TrainerOptions options = dp_fixture::Options(OptimizerKind::kAdamW);
+      options.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(r));
+      DataParallelReference trainer(cfg, start, options, **group);
+      for (int64_t s = 0; s < 4; ++s) {
+        auto st = trainer.Step(dp_fixture::Batch(s, cfg.vocab_size));
+        if (!st.ok()) {
+          failures[r] = st.status().ToString();
+          return;
+        }
+        stats[r].push_back(*st);
+      }
+      auto state = trainer.Gather();
+      if (!state.ok()) failures[r] = state.status().ToString();
+      if (r == 0 && state.ok()) gathered = state->master.To(at::TensorOptions().dtype(at::kFloat));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < gpus; ++r) ASSERT_EQ(failures[r], "") << "rank " << r << " of " << gpus;
+
+  TrainerOptions options = dp_fixture::Options(OptimizerKind::kAdamW);
+  options.device = c10::Device(c10::kCUDA, 0);
+  ReferenceTrainer reference(cfg, start.master, options);
+  for (int64_t s = 0; s < 4; ++s) {
+    const StepStats ref = reference.Step(dp_fixture::Batch(s, cfg.vocab_size));
+    for (int r = 0; r < gpus; ++r) {
+      EXPECT_NEAR(stats[r][s].loss, ref.loss, 1e-5 * ref.loss) << "rank " << r << " step " << s;
+      EXPECT_NEAR(stats[r][s].grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << "rank " << r << " step " << s;
+    }
+  }
+  const double worst = WorstUpdateDifference(gathered, reference.master().To(at::TensorOptions().dtype(at::kFloat)));
+  std::printf("DP NCCL over %d GPU(s): worst weight-update difference %.2e\n", gpus, worst);
+  EXPECT_LT(worst, 1e-2);
 }
 
 }  // namespace
