@@ -318,7 +318,7 @@ TEST(DataParallel, EveryGpuAsARankThreadFollowsTheReference_CUDA) {
       }
       auto state = trainer.Gather();
       if (!state.ok()) failures[r] = state.status().ToString();
-      if (r == 0 && state.ok()) gathered = state->master.To(at::TensorOptions().dtype(at::kFloat));
+      if (r == 0 && state.ok()) gathered = state->master.To(at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
     });
   }
   for (auto& t : threads) t.join();
@@ -334,7 +334,8 @@ TEST(DataParallel, EveryGpuAsARankThreadFollowsTheReference_CUDA) {
       EXPECT_NEAR(stats[r][s].grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << "rank " << r << " step " << s;
     }
   }
-  const double worst = WorstUpdateDifference(gathered, reference.master().To(at::TensorOptions().dtype(at::kFloat)));
+  const double worst =
+      WorstUpdateDifference(gathered, reference.master().To(at::TensorOptions().dtype(at::kFloat).device(at::kCPU)));
   std::printf("DP NCCL over %d GPU(s): worst weight-update difference %.2e\n", gpus, worst);
   EXPECT_LT(worst, 1e-2);
 }
