@@ -31,7 +31,7 @@ status=0
 mkdir -p build-asan build-tsan
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIDE_SANITIZE=ON -DSLIDE_CUDA=OFF \
   -DSLIDE_BUILD_BENCH=OFF > build-asan/cmake.log 2>&1 || { tail -30 build-asan/cmake.log; exit 1; }
-suites="common_tests io_tests data_tests chat_tests model_tests optim_tests quant_tests engine_tests job_file_tests
+suites="common_tests io_tests data_tests chat_tests model_tests optim_tests quant_tests engine_tests parallel_tests job_file_tests
   job_proto_tests job_manager_tests daemon_tests slidectl_tests"
 cmake --build build-asan --target $suites || exit 1
 for t in $suites; do
