@@ -21,9 +21,21 @@ struct RankGroup::Backend {
 
 namespace {
 
-// A collective's failure: a peer that died or timed out is the environment's failure, not a bug.
-Status CollectiveFailed(const char* what, const std::exception& e) {
-  return Status(StatusCode::kUnavailable, std::string("rank group: ") + what + " failed: " + e.what());
+// Starts a collective (`start` returns its c10d work) and waits for it: what it throws, a peer that died or timed
+// out, is the environment's failure, not a bug.
+template <typename Start>
+Status RunCollective(const char* what, std::chrono::milliseconds timeout, Start&& start) {
+  try {
+    start()->wait(timeout);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kUnavailable, std::string("rank group: ") + what + " failed: " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status SizeMismatch(const char* what, int64_t input, int64_t output, int world) {
+  return Internal(std::string("rank group: ") + what + " of " + std::to_string(input) + " elements into " +
+                  std::to_string(output) + " with " + std::to_string(world) + " ranks");
 }
 
 StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const RankGroupOptions& o) {
@@ -103,50 +115,30 @@ StatusOr<std::unique_ptr<RankGroup>> RankGroup::Connect(const RankGroupOptions& 
 }
 
 Status RankGroup::AllReduceSum(at::Tensor& tensor) {
-  try {
-    std::vector<at::Tensor> tensors{tensor};
-    backend_->group->allreduce(tensors)->wait(backend_->timeout);
-  } catch (const std::exception& e) {
-    return CollectiveFailed("all-reduce", e);
-  }
-  return Status::Ok();
+  std::vector<at::Tensor> tensors{tensor};
+  return RunCollective("all-reduce", backend_->timeout, [&] { return backend_->group->allreduce(tensors); });
 }
 
+// c10d takes the inputs below by non-const reference and does not write them: hence the copies of the handle.
 Status RankGroup::ReduceScatterSum(const at::Tensor& input, at::Tensor& output) {
   if (input.numel() != output.numel() * world_) {
-    return Internal("rank group: reduce-scatter of " + std::to_string(input.numel()) + " elements into " +
-                    std::to_string(output.numel()) + " per rank of " + std::to_string(world_));
+    return SizeMismatch("reduce-scatter", input.numel(), output.numel(), world_);
   }
-  try {
-    at::Tensor in = input;  // c10d takes the input by non-const reference and does not write it
-    backend_->group->_reduce_scatter_base(output, in)->wait(backend_->timeout);
-  } catch (const std::exception& e) {
-    return CollectiveFailed("reduce-scatter", e);
-  }
-  return Status::Ok();
+  at::Tensor in = input;
+  return RunCollective("reduce-scatter", backend_->timeout,
+                       [&] { return backend_->group->_reduce_scatter_base(output, in); });
 }
 
 Status RankGroup::AllGather(const at::Tensor& input, at::Tensor& output) {
   if (output.numel() != input.numel() * world_) {
-    return Internal("rank group: all-gather of " + std::to_string(input.numel()) + " elements per rank into " +
-                    std::to_string(output.numel()) + " over " + std::to_string(world_));
+    return SizeMismatch("all-gather", input.numel(), output.numel(), world_);
   }
-  try {
-    at::Tensor in = input;
-    backend_->group->_allgather_base(output, in)->wait(backend_->timeout);
-  } catch (const std::exception& e) {
-    return CollectiveFailed("all-gather", e);
-  }
-  return Status::Ok();
+  at::Tensor in = input;
+  return RunCollective("all-gather", backend_->timeout, [&] { return backend_->group->_allgather_base(output, in); });
 }
 
 Status RankGroup::Barrier() {
-  try {
-    backend_->group->barrier()->wait(backend_->timeout);
-  } catch (const std::exception& e) {
-    return CollectiveFailed("barrier", e);
-  }
-  return Status::Ok();
+  return RunCollective("barrier", backend_->timeout, [&] { return backend_->group->barrier(); });
 }
 
 }  // namespace slide
