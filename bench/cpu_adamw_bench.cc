@@ -1,7 +1,8 @@
 // Benchmark: fused CPU AdamW (bf16 grad in, fp32 master + moments updated, bf16 weight out) per SIMD level, and
 // its weights-only pass (state read, only the bf16 weight written: the weights-first schedule's short pass) at the
 // best level, against PyTorch's fused CPU AdamW (at::_fused_adamw_, fp32 grads, no bf16 output) on the same data;
-// then the 8-bit AdamW (adamw_8bit.h: byte moments with a block absmax) per SIMD level it has.
+// then the 8-bit AdamW (adamw_8bit.h: byte moments with a block absmax) per SIMD level it has, and per code search
+// (code_search.h) at the best level on every thread and on one.
 // Checks first (one step of each against the ATen reference), then times. Prints one JSON line.
 // Usage: cpu_adamw_bench [params (default 2^28)] [repeats (default 5)]
 #include <ATen/ATen.h>
@@ -11,9 +12,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engine/memory/host_array.h"
 #include "engine/optim/adamw_8bit.h"
+#include "engine/optim/code_search.h"
 #include "engine/optim/cpu_adamw.h"
 
 using namespace slide;
@@ -112,6 +115,55 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof(buf), "\"slide_adamw8bit_%s_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
       results += buf;
     }
+    // Each code search at the best level, on every thread and on one (a slice of 2^24: the per-core rate), with
+    // fp32 AdamW's one-thread rate beside it.
+    const CodeSearch default_search = ActiveCodeSearch();
+    const int64_t slice = std::min<int64_t>(n, int64_t(1) << 24);
+    AdamW8bitSpan one_core = span;
+    one_core.n = slice;
+    for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
+      SetCodeSearch(search);
+      const SimdLevel level = DetectSimdLevel();
+      double best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(span, {hp, r + 2, 1.0f}, level); });
+      const double all = n / best / 1e9;
+      best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(one_core, {hp, r + 2, 1.0f}, level, 1); });
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "\"adamw8bit_%s_gparam_s\": %.3f, \"adamw8bit_%s_one_thread_gparam_s\": %.3f, ",
+                    CodeSearchName(search), all, CodeSearchName(search), slice / best / 1e9);
+      results += buf;
+    }
+    SetCodeSearch(default_search);
+    // The code search alone (one thread): 2^16 moments (a 256 KB working set, as a tile's blocks) quantised block by
+    // block 256 times over, both maps: nanoseconds a value.
+    {
+      const at::Tensor x = at::randn({int64_t(1) << 16}) * 1e-3;
+      std::vector<uint8_t> codes(x.numel());
+      for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
+        const double secs = BestSeconds(repeats, [&](int) {
+          for (int r = 0; r < 256; ++r)
+            for (int64_t b = 0; b < x.numel(); b += kQuantBlock)
+              for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()})
+                QuantizeScaled(x.data_ptr<float>() + b, kQuantBlock, 4e-3f, *map, DetectSimdLevel(), search,
+                               codes.data() + b);
+        });
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "\"code_search_%s_ns_a_value\": %.3f, ", CodeSearchName(search),
+                      secs / (2.0 * 256 * x.numel()) * 1e9);
+        results += buf;
+      }
+    }
+    AdamWSpan fp32{p.data_ptr<float>(),
+                   m.data_ptr<float>(),
+                   v.data_ptr<float>(),
+                   reinterpret_cast<const c10::BFloat16*>(g16.data_ptr()),
+                   nullptr,
+                   reinterpret_cast<c10::BFloat16*>(out.data_ptr()),
+                   slice};
+    const double best = BestSeconds(repeats, [&](int r) { CpuAdamW(fp32, {hp, r + 2, 1.0f}, DetectSimdLevel(), 1); });
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "\"adamw_one_thread_gparam_s\": %.3f, \"default_code_search\": \"%s\", ",
+                  slice / best / 1e9, CodeSearchName(default_search));
+    results += buf;
   }
 
   at::Tensor step = at::zeros({}, at::kFloat);

@@ -18,9 +18,9 @@
 
 namespace slide::bench {
 
-// NAME is llama-1b | llama-3b | llama-8b | llama-70b | tiny, optionally with "@LAYERS" for that shape at another depth
-// (the size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B parameters).
-// Unknown names, and a depth that is not a positive number, are errors.
+// NAME is llama-1b | llama-3b | llama-8b | llama-70b | llama-100m | tiny, optionally with "@LAYERS" for that shape at
+// another depth (the size ladder of the largest-model runs: llama-8b@48 is 1.05B of embeddings + 48 x 218M = 11.5B
+// parameters). Unknown names, and a depth that is not a positive number, are errors.
 inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
   auto make = [](int64_t h, int64_t ff, int64_t layers, int64_t heads, int64_t kv, bool tied) {
     ModelConfig c;
@@ -47,11 +47,15 @@ inline StatusOr<ModelConfig> LlamaShape(const std::string& name) {
     c = make(4096, 14336, 32, 32, 8, false);
   } else if (base == "llama-70b") {  // Llama-3-70B's shape (bench/shapes/llama-3-70b)
     c = make(8192, 28672, 80, 64, 8, false);
+  } else if (base == "llama-100m") {  // 97.5M parameters over a vocabulary of 8,192 (the 8-bit quality run)
+    c = make(768, 2048, 12, 12, 12, false);
+    c.vocab_size = 8192;
   } else if (base == "tiny") {
     c = make(256, 512, 4, 4, 2, false);
     c.vocab_size = 1024;
   } else {
-    return InvalidArgument("unknown shape '" + name + "' (llama-1b, llama-3b, llama-8b, llama-70b or tiny, " +
+    return InvalidArgument("unknown shape '" + name +
+                           "' (llama-1b, llama-3b, llama-8b, llama-70b, llama-100m or tiny, " +
                            "optionally @LAYERS, or a directory holding config.json)");
   }
   if (at != std::string::npos) {

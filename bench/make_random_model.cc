@@ -1,7 +1,7 @@
 // Writes a random-init Llama-shaped model as a Hugging Face directory (config.json, model.safetensors and the
 // demo tokenizer, whose ids fit any of these vocabularies), so daemon benchmarks can run real-size jobs.
 // Usage: make_random_model SHAPE OUT_DIR [TOKENIZER_DIR=deploy/demo/model]
-//   SHAPE: llama-1b | llama-3b | llama-8b | tiny, optionally @LAYERS (llama-8b@48)
+//   SHAPE: llama-1b | llama-3b | llama-8b | llama-100m | tiny, optionally @LAYERS (llama-8b@48)
 #include <cstdio>
 #include <fstream>
 #include <string>

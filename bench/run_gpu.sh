@@ -20,6 +20,10 @@
 #                                batch 8 and 32 (micro-batches of 8), 24 GiB budget
 #   bench/run_gpu.sh qlora-peer  PEFT + bitsandbytes QLoRA on the whole card at QLORA_PEER_SHAPE (llama-70b) batch 8
 #                                (bench/peers/peer_train.py qlora)
+#   bench/run_gpu.sh q8          8-bit AdamW's CPU update (issue 38): builds, the 8-bit CPU tests (every code search's
+#                                AVX-512 body against NearestCode), cpu_adamw_bench (each code search, every thread and
+#                                one), then the real-corpus quality run (QUALITY=corpus bench/quality_8bit.sh; carry
+#                                .quality/ from scripts/make_quality_corpus.py) on this GPU
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
 #                                this tree's build-gpu/, then runs this tree's GPU tests
@@ -215,6 +219,16 @@ PY
     run 300 build-gpu/bench/sliding_bench "llama-8b@$tier_total" 8 --steps 1 --optimizer "$optimizer" --nvme-state "$tier_state" \
       --nvme-layers "$tier_layers" --nvme-dir "$dir" --nvme-threads 4 --nvme-buffers 8
     echo "with the tier done after $((SECONDS - start)) s" ;;
+  q8)
+    build_gpu optim_tests cpu_adamw_bench sliding_bench slided slidectl make_random_model
+    echo "build ok after $((SECONDS - start)) s"
+    timeout 120 build-gpu/tests/optim_tests --gtest_filter='AdamW8bit.*:TensorAdamW8bit.*' > "$OUT/q8_tests.log" 2>&1
+    grep -E 'OK|FAILED|PASSED|Failure' "$OUT/q8_tests.log" | head -30
+    run 150 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
+    COMMIT=$commit HW="$hardware" BUILD=build-gpu QUALITY=corpus DEVICE=cuda KEEP=1 \
+      timeout 330 bash bench/quality_8bit.sh "${Q8_STEPS:-300}" 2> "$OUT/quality.err" | tee -a "$OUT/bench.jsonl"
+    for d in /tmp/tmp.*; do [ -f "$d/slided.log" ] && cp "$d/slided.log" "$d"/*.watch "$OUT/" 2>/dev/null; done
+    echo "q8 done after $((SECONDS - start)) s" ;;
   ab-build)
     rm -rf build-gpu-base && mkdir -p build-gpu-base/src && tar xzf "${BASE:-.gl/base.tar.gz}" -C build-gpu-base/src
     ( cmake -S build-gpu-base/src -B build-gpu-base/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIDE_BUILD_TESTS=OFF \

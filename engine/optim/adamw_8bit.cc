@@ -11,6 +11,7 @@
 #include "engine/common/thread_pool.h"
 #include "engine/optim/adamw_scalars.h"
 #include "engine/optim/bf16_bits.h"
+#include "engine/optim/code_search.h"
 #include "engine/optim/simd_bf16.h"
 
 namespace slide {
@@ -18,73 +19,19 @@ namespace {
 
 constexpr int64_t kTileBlocks = 64;  // 16,384 elements a tile
 
-// NearestCode without the binary search: one table entry per value of the float's top 16 bits (sign, exponent,
-// 7 mantissa bits; a "bucket" of 2^16 floats). NearestCode is monotone, and no bucket of either map spans more than
-// two codes, so an entry holds the code of the bucket's lowest value and where in the bucket (its offset from the
-// lowest value, in value order) the next code starts being the nearest, found with NearestCode itself: the result
-// is NearestCode's bit for bit (adamw_8bit_test checks every bucket's ends and every transition).
-struct CodeIndex {
-  static constexpr uint32_t kNever = 0x10000;  // no transition in the bucket
-
-  // The float of bucket `key` at `offset` in value order (the low bits count down for negative values).
-  static float At(uint32_t key, uint32_t offset) {
-    const uint32_t bits = (key << 16) | ((key & 0x8000) ? 0xFFFF - offset : offset);
-    float x;
-    std::memcpy(&x, &bits, 4);
-    return x;
+// Block quantisation: absmax (given, or taken here when amax < 0) and each element's nearest code.
+void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& map, SimdLevel level, CodeSearch search,
+                   uint8_t* codes, float* absmax, float amax = -1.0f) {
+  if (amax < 0.0f) {
+    amax = 0.0f;
+    for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
   }
-
-  explicit CodeIndex(const std::array<float, 256>& map) {
-    for (uint32_t key = 0; key < 65536; ++key) {
-      if (!std::isfinite(At(key, 0)) || !std::isfinite(At(key, 0xFFFF))) {
-        entry[key] = kNever << 8;  // infinities are clamped first; NaN gets code 0, as NearestCode gives it
-        continue;
-      }
-      const uint8_t low = NearestCode(map, At(key, 0)), high = NearestCode(map, At(key, 0xFFFF));
-      uint32_t from = kNever;
-      if (high != low) {
-        TORCH_CHECK(high == low + 1, "a bucket of the dynamic map spans more than two codes");
-        uint32_t lo = 0, hi = 0xFFFF;  // NearestCode(At(key, hi)) == high; find the first offset that gives it
-        while (lo < hi) {
-          const uint32_t mid = (lo + hi) / 2;
-          if (NearestCode(map, At(key, mid)) == high) {
-            hi = mid;
-          } else {
-            lo = mid + 1;
-          }
-        }
-        from = lo;
-      }
-      entry[key] = low | (from << 8);
-    }
-  }
-  uint8_t Nearest(float x) const {
-    x = std::clamp(x, -1.0f, 1.0f);
-    uint32_t bits;
-    std::memcpy(&bits, &x, 4);
-    const uint32_t offset = (bits & 0x80000000u) ? 0xFFFF - (bits & 0xFFFF) : (bits & 0xFFFF);
-    const uint32_t e = entry[bits >> 16];
-    return static_cast<uint8_t>((e & 0xFF) + (offset >= (e >> 8) ? 1 : 0));
-  }
-
-  alignas(64) uint32_t entry[65536];  // code | first offset of the next code << 8
-};
-
-const CodeIndex& IndexOf(const std::array<float, 256>& map) {
-  static const CodeIndex signed_index(SignedDynamicMap()), unsigned_index(UnsignedDynamicMap());
-  return &map == &SignedDynamicMap() ? signed_index : unsigned_index;
-}
-
-void QuantizeBlock(const float* x, int64_t len, const CodeIndex& index, uint8_t* codes, float* absmax) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
   *absmax = amax;
   if (amax == 0.0f) {
     std::fill(codes, codes + len, uint8_t{0});
     return;
   }
-  const float inv = 1.0f / amax;
-  for (int64_t i = 0; i < len; ++i) codes[i] = index.Nearest(x[i] * inv);
+  QuantizeScaled(x, len, amax, map, level, search, codes);
 }
 
 // One element's update from its dequantised moments (m, v in place): the fp32 AdamW of cpu_adamw.cc's
@@ -114,49 +61,20 @@ void ScalarElements(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t b, in
 }
 
 // Blocks [first, last) of the span: dequantise, the fp32 AdamW of cpu_adamw.cc's ScalarRange, requantise.
-void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last) {
-  const CodeIndex& index1 = IndexOf(SignedDynamicMap());
-  const CodeIndex& index2 = IndexOf(UnsignedDynamicMap());
+void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, CodeSearch search) {
   float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * kQuantBlock, len = std::min(kQuantBlock, s.n - begin);
     ScalarElements(s, c, b, begin, 0, len, m, v);
-    QuantizeBlock(m, len, index1, s.exp_avg + begin, s.exp_avg_absmax + b);
-    QuantizeBlock(v, len, index2, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kScalar, search, s.exp_avg + begin, s.exp_avg_absmax + b);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kScalar, search, s.exp_avg_sq + begin,
+                  s.exp_avg_sq_absmax + b);
   }
 }
 
 // The AVX-512 body: 16 elements at a time, the same operations in the same order as the scalar path (no FMA: the
-// file is built with -ffp-contract=off and the intrinsics multiply and add separately), the maps and the code
-// index read by gathers; a block's last len % 16 elements take the scalar path.
-__attribute__((target("avx512f,avx512bw"))) inline void QuantizeBlock512(const float* x, int64_t len,
-                                                                         const CodeIndex& index, uint8_t* codes,
-                                                                         float* absmax, float amax) {
-  *absmax = amax;
-  if (amax == 0.0f) {
-    std::fill(codes, codes + len, uint8_t{0});
-    return;
-  }
-  const float inv = 1.0f / amax;
-  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-1.0f), hi = _mm512_set1_ps(1.0f);
-  const __m512i low16 = _mm512_set1_epi32(0xFFFF), byte = _mm512_set1_epi32(0xFF), one = _mm512_set1_epi32(1);
-  const int* table = reinterpret_cast<const int*>(index.entry);
-  int64_t k = 0;
-  for (; k + 16 <= len; k += 16) {
-    const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv), lo), hi);
-    const __m512i bits = _mm512_castps_si512(q);
-    const __m512i key = _mm512_srli_epi32(bits, 16);
-    // offset in value order: the low 16 bits, counted down for negative values (XOR with 0xFFFF)
-    const __m512i offset =
-        _mm512_xor_si512(_mm512_and_si512(bits, low16), _mm512_and_si512(_mm512_srai_epi32(bits, 31), low16));
-    const __m512i e = _mm512_i32gather_epi32(key, table, 4);
-    const __mmask16 up = _mm512_cmp_epu32_mask(offset, _mm512_srli_epi32(e, 8), _MM_CMPINT_NLT);
-    const __m512i code = _mm512_mask_add_epi32(_mm512_and_si512(e, byte), up, _mm512_and_si512(e, byte), one);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_cvtepi32_epi8(code));
-  }
-  for (; k < len; ++k) codes[k] = index.Nearest(x[k] * inv);
-}
-
+// file is built with -ffp-contract=off and the intrinsics multiply and add separately), the maps read by gathers;
+// a block's last len % 16 elements take the scalar path.
 struct Avx512Scalars {
   __m512 decay, w1, b2, w2, step, bc2, eps, gs;
 };
@@ -167,15 +85,39 @@ __attribute__((target("avx512f,avx512bw"))) inline Avx512Scalars Broadcast(const
           _mm512_set1_ps(c.eps),          _mm512_set1_ps(c.grad_scale)};
 }
 
-// Elements [i, i + 16) of one block (absmax a1, a2): dequantised into m / v, updated as UpdateElement does; returns
-// the new weights.
+// map[code] for 16 codes without a memory gather: eight 32-entry permutes of the map, picked by bits 5, 6 and 7.
+__attribute__((target("avx512f,avx512bw"))) inline __m512 PermuteLookup(const std::array<float, 256>& map,
+                                                                        __m512i code) {
+  const float* t = map.data();
+  __m512 p[8];
+  for (int j = 0; j < 8; ++j)
+    p[j] = _mm512_permutex2var_ps(_mm512_loadu_ps(t + 32 * j), code, _mm512_loadu_ps(t + 32 * j + 16));
+  const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
+  const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
+  const __mmask16 b7 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(128));
+  const __m512 q0 =
+      _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, p[0], p[1]), _mm512_mask_blend_ps(b5, p[2], p[3]));
+  const __m512 q1 =
+      _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, p[4], p[5]), _mm512_mask_blend_ps(b5, p[6], p[7]));
+  return _mm512_mask_blend_ps(b7, q0, q1);
+}
+
+// Elements [i, i + 16) of one block (absmax a1, a2): dequantised into m / v (by gathers, or by permutes where
+// kPermute: the tree search's gather-free path), updated as UpdateElement does; returns the new weights.
+template <bool kPermute>
 __attribute__((target("avx512f,avx512bw"))) inline __m512 Update16(const AdamW8bitSpan& s, const Avx512Scalars& k,
                                                                    int64_t i, __m512 a1, __m512 a2, __m512* m,
                                                                    __m512* v) {
   const __m512i c1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.exp_avg + i)));
   const __m512i c2 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.exp_avg_sq + i)));
-  __m512 mk = _mm512_mul_ps(_mm512_i32gather_ps(c1, SignedDynamicMap().data(), 4), a1);
-  __m512 vk = _mm512_mul_ps(_mm512_i32gather_ps(c2, UnsignedDynamicMap().data(), 4), a2);
+  __m512 mk, vk;
+  if constexpr (kPermute) {
+    mk = _mm512_mul_ps(PermuteLookup(SignedDynamicMap(), c1), a1);
+    vk = _mm512_mul_ps(PermuteLookup(UnsignedDynamicMap(), c2), a2);
+  } else {
+    mk = _mm512_mul_ps(_mm512_i32gather_ps(c1, SignedDynamicMap().data(), 4), a1);
+    vk = _mm512_mul_ps(_mm512_i32gather_ps(c2, UnsignedDynamicMap().data(), 4), a2);
+  }
   __m512 g;
   if (s.grad_bf16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.grad_bf16 + i));
@@ -197,10 +139,9 @@ __attribute__((target("avx512f,avx512bw"))) inline void StoreBf16x16(c10::BFloat
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ToBf16x16(p));
 }
 
-__attribute__((target("avx512f,avx512bw"))) void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c,
-                                                              int64_t first, int64_t last) {
-  const CodeIndex& index1 = IndexOf(SignedDynamicMap());
-  const CodeIndex& index2 = IndexOf(UnsignedDynamicMap());
+template <bool kPermute>
+__attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitSpan& s, const AdamWScalars& c,
+                                                                int64_t first, int64_t last, CodeSearch search) {
   const Avx512Scalars k16 = Broadcast(c);
   alignas(64) float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
@@ -211,7 +152,7 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Blocks(const AdamW8bitSpa
     for (; k + 16 <= len; k += 16) {
       const int64_t i = begin + k;
       __m512 mk, vk;
-      const __m512 p = Update16(s, k16, i, a1, a2, &mk, &vk);
+      const __m512 p = Update16<kPermute>(s, k16, i, a1, a2, &mk, &vk);
       _mm512_storeu_ps(s.param + i, p);
       if (s.out_bf16) StoreBf16x16(s.out_bf16 + i, p);
       _mm512_store_ps(m + k, mk);
@@ -226,9 +167,15 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512Blocks(const AdamW8bitSpa
       t1 = std::max(t1, std::fabs(m[j]));
       t2 = std::max(t2, std::fabs(v[j]));
     }
-    QuantizeBlock512(m, len, index1, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
-    QuantizeBlock512(v, len, index2, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b, t2);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx512, search, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx512, search, s.exp_avg_sq + begin,
+                  s.exp_avg_sq_absmax + b, t2);
   }
+}
+
+void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, CodeSearch search) {
+  if (search == CodeSearch::kTree) return Avx512BlocksOf<true>(s, c, first, last, search);
+  Avx512BlocksOf<false>(s, c, first, last, search);
 }
 
 // The weights-only pass over elements [a, b) of the span into out[0, b - a).
@@ -252,44 +199,14 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnly(const AdamW8b
   for (; i + 16 <= b; i += 16) {
     const int64_t block = i / kQuantBlock;
     __m512 m, v;
-    const __m512 p = Update16(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
-                              _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
+    const __m512 p = Update16<false>(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
+                                     _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
     StoreBf16x16(out + (i - a), p);
   }
   ScalarWeightsOnly(s, c, i, b, out + (i - a));
 }
 
 // The AVX2 body: the AVX-512 one's steps 8 elements at a time.
-__attribute__((target("avx2,fma"))) inline void QuantizeBlock256(const float* x, int64_t len, const CodeIndex& index,
-                                                                 uint8_t* codes, float* absmax, float amax) {
-  *absmax = amax;
-  if (amax == 0.0f) {
-    std::fill(codes, codes + len, uint8_t{0});
-    return;
-  }
-  const float inv = 1.0f / amax;
-  const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
-  const __m256i low16 = _mm256_set1_epi32(0xFFFF), byte = _mm256_set1_epi32(0xFF), ones = _mm256_set1_epi32(-1);
-  const __m256i gather_bytes = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-  const int* table = reinterpret_cast<const int*>(index.entry);
-  int64_t k = 0;
-  for (; k + 8 <= len; k += 8) {
-    const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), lo), hi);
-    const __m256i bits = _mm256_castps_si256(q);
-    const __m256i key = _mm256_srli_epi32(bits, 16);
-    const __m256i offset =
-        _mm256_xor_si256(_mm256_and_si256(bits, low16), _mm256_and_si256(_mm256_srai_epi32(bits, 31), low16));
-    const __m256i e = _mm256_i32gather_epi32(table, key, 4);
-    // offset >= start of the next code (both below 2^17: a signed compare will do), as -1 / 0
-    const __m256i up = _mm256_xor_si256(_mm256_cmpgt_epi32(_mm256_srli_epi32(e, 8), offset), ones);
-    const __m256i code = _mm256_sub_epi32(_mm256_and_si256(e, byte), up);
-    const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(code, code), _mm256_setzero_si256());
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + k),
-                     _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(packed, gather_bytes)));
-  }
-  for (; k < len; ++k) codes[k] = index.Nearest(x[k] * inv);
-}
-
 struct Avx2Scalars {
   __m256 decay, w1, b2, w2, step, bc2, eps, gs;
 };
@@ -332,9 +249,7 @@ __attribute__((target("avx2,fma"))) inline float MaxOf(__m256 x) {
 }
 
 __attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first,
-                                                    int64_t last) {
-  const CodeIndex& index1 = IndexOf(SignedDynamicMap());
-  const CodeIndex& index2 = IndexOf(UnsignedDynamicMap());
+                                                    int64_t last, CodeSearch search) {
   const Avx2Scalars k8 = Broadcast8(c);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   alignas(32) float m[kQuantBlock], v[kQuantBlock];
@@ -361,8 +276,9 @@ __attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, cons
       t1 = std::max(t1, std::fabs(m[j]));
       t2 = std::max(t2, std::fabs(v[j]));
     }
-    QuantizeBlock256(m, len, index1, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
-    QuantizeBlock256(v, len, index2, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b, t2);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx2, search, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx2, search, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b,
+                  t2);
   }
 }
 
@@ -397,7 +313,8 @@ uint8_t NearestCode(const std::array<float, 256>& map, float x) {
 void QuantizeBlockwise(const float* x, int64_t n, const std::array<float, 256>& map, uint8_t* codes, float* absmax) {
   for (int64_t b = 0; b * kQuantBlock < n; ++b) {
     const int64_t begin = b * kQuantBlock;
-    QuantizeBlock(x + begin, std::min(kQuantBlock, n - begin), IndexOf(map), codes + begin, absmax + b);
+    QuantizeBlock(x + begin, std::min(kQuantBlock, n - begin), map, SimdLevel::kScalar, ActiveCodeSearch(),
+                  codes + begin, absmax + b);
   }
 }
 
@@ -406,15 +323,16 @@ void DequantizeBlockwise(const uint8_t* codes, const float* absmax, int64_t n, c
   for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * absmax[i / kQuantBlock];
 }
 
-uint8_t IndexedNearestCode(const std::array<float, 256>& map, float x) { return IndexOf(map).Nearest(x); }
-
 void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLevel level, int threads) {
   TORCH_CHECK((span.grad_bf16 == nullptr) != (span.grad_f32 == nullptr), "CpuAdamW8bit: give exactly one gradient");
   const AdamWScalars c = MakeAdamWScalars(args);
   const int64_t blocks = (span.n + kQuantBlock - 1) / kQuantBlock;
   const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
   auto blocks_of = level == SimdLevel::kAvx512 ? Avx512Blocks : level == SimdLevel::kAvx2 ? Avx2Blocks : ScalarBlocks;
-  auto run_tile = [&](int64_t t) { blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks)); };
+  const CodeSearch search = ActiveCodeSearch();
+  auto run_tile = [&](int64_t t) {
+    blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks), search);
+  };
   if (threads == 1 || tiles <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(t);
     return;

@@ -24,11 +24,9 @@ const std::array<float, 256>& UnsignedDynamicMap();  // [0, 1]: the second momen
 
 // The code nearest to x (clamped to [-1, 1]) in a sorted map; an exact midpoint goes to the lower code.
 uint8_t NearestCode(const std::array<float, 256>& map, float x);
-// The same code found through a table of the float's top 16 bits (what the update uses); map is one of the two
-// dynamic maps above.
-uint8_t IndexedNearestCode(const std::array<float, 256>& map, float x);
 // `n` values in blocks of kQuantBlock (the last may be shorter): absmax[b] = max |x| over block b (ceil(n / 256)
-// of them), codes[i] = NearestCode(x[i] * (1 / absmax)); a block of zeros gets absmax 0 and code 0.
+// of them), codes[i] = NearestCode(x[i] * (1 / absmax)); a block of zeros gets absmax 0 and code 0. (The update
+// finds codes through code_search.h's tables, NearestCode's codes bit for bit.)
 void QuantizeBlockwise(const float* x, int64_t n, const std::array<float, 256>& map, uint8_t* codes, float* absmax);
 void DequantizeBlockwise(const uint8_t* codes, const float* absmax, int64_t n, const std::array<float, 256>& map,
                          float* out);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/model/safetensors.h"
+#include "engine/optim/code_search.h"
 #include "engine/optim/moment_layout.h"
 #include "tests/support/fixtures.h"
 
@@ -131,9 +132,11 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesFromItsState) {
   }
 }
 
-// Tiles of whole blocks, on one thread or many, the scalar path or the SIMD body, bf16 gradients and weights out:
-// the same bits (blocks of odd lengths: the tail block and a parameter under one block take the scalar tail).
+// Tiles of whole blocks, on one thread or many, the scalar path or the SIMD body, each code search, bf16 gradients and
+// weights out: the same bits (blocks of odd lengths: the tail block and a parameter under one block take the scalar
+// tail).
 TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
+  const CodeSearch default_search = ActiveCodeSearch();
   for (const int64_t n : {3 * 64 * kQuantBlock + 301, int64_t{37}}) {
     at::manual_seed(3);
     const at::Tensor p0 = at::randn({n}) * 0.02, g = (at::randn({n}) * 1e-2).to(at::kBFloat16);
@@ -159,37 +162,72 @@ TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
       if (static_cast<int>(level) <= static_cast<int>(DetectSimdLevel()))
         variants.insert(variants.end(), {{level, 1}, {level, 0}});
     ASSERT_EQ(variants.size(), 1 + 2 * static_cast<size_t>(DetectSimdLevel()));  // every level this CPU has
-    for (const auto& [level, threads] : variants) {
-      const auto other = run(level, threads);
-      for (size_t k = 0; k < one.size(); ++k)
-        EXPECT_TRUE(at::equal(one[k], other[k]))
-            << "n " << n << " " << SimdLevelName(level) << " threads " << threads << " tensor " << k;
+    for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
+      SetCodeSearch(search);
+      for (const auto& [level, threads] : variants) {
+        const auto other = run(level, threads);
+        for (size_t k = 0; k < one.size(); ++k)
+          EXPECT_TRUE(at::equal(one[k], other[k])) << "n " << n << " " << SimdLevelName(level) << " threads " << threads
+                                                   << " " << CodeSearchName(search) << " tensor " << k;
+      }
     }
+    SetCodeSearch(default_search);
     EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
   }
 }
 
-// The code table finds NearestCode's code for every value: both ends of every bucket of 2^16 floats in [-1, 1],
-// each code's value and its float neighbours, the midpoints between codes and theirs, and random values.
-TEST(AdamW8bit, IndexedNearestCodeIsNearestCode) {
-  for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()}) {
-    std::vector<float> xs;
-    for (uint32_t key = 0; key < 65536; ++key)
-      for (uint32_t low : {0u, 0xFFFFu}) {
-        const uint32_t bits = (key << 16) | low;
-        float x;
-        std::memcpy(&x, &bits, 4);
-        if (std::isfinite(x) && std::fabs(x) <= 1.0f) xs.push_back(x);
-      }
-    for (int c = 0; c < 256; ++c) {
-      const float mid = c < 255 ? ((*map)[c] + (*map)[c + 1]) / 2 : (*map)[c];
-      for (float x : {(*map)[c], mid})
-        for (float y : {std::nextafter(x, -2.0f), x, std::nextafter(x, 2.0f)}) xs.push_back(y);
+// Values that probe a code search: both ends of every bucket of 2^16 floats in [-1, 1], each code's value and its
+// float neighbours, the midpoints between codes and theirs, values just outside [-1, 1], NaN, and random values.
+std::vector<float> ProbeValues(const std::array<float, 256>& map) {
+  std::vector<float> xs;
+  for (uint32_t key = 0; key < 65536; ++key)
+    for (uint32_t low : {0u, 0xFFFFu}) {
+      const uint32_t bits = (key << 16) | low;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      if (std::isfinite(x) && std::fabs(x) <= 1.0f) xs.push_back(x);
     }
-    at::manual_seed(5);
-    const at::Tensor r = at::rand({100000}) * 2 - 1;
-    for (int64_t i = 0; i < r.numel(); ++i) xs.push_back(r[i].item<float>());
-    for (float x : xs) ASSERT_EQ(IndexedNearestCode(*map, x), NearestCode(*map, x)) << x;
+  for (int c = 0; c < 256; ++c) {
+    const float mid = c < 255 ? (map[c] + map[c + 1]) / 2 : map[c];
+    for (float x : {map[c], mid})
+      for (float y : {std::nextafter(x, -2.0f), x, std::nextafter(x, 2.0f)}) xs.push_back(y);
+  }
+  for (float x : {-1.5f, 1.5f, -0.0f, 0.0f, std::nanf("")}) xs.push_back(x);
+  at::manual_seed(5);
+  const at::Tensor r = at::rand({100000}) * 2 - 1;
+  for (int64_t i = 0; i < r.numel(); ++i) xs.push_back(r[i].item<float>());
+  return xs;
+}
+
+// Every code search's scalar tables give NearestCode's code for every probe.
+TEST(AdamW8bit, EveryCodeSearchIsNearestCode) {
+  for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()})
+    for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree})
+      for (float x : ProbeValues(*map))
+        ASSERT_EQ(SearchNearestCode(*map, x, search), NearestCode(*map, x)) << x << " " << CodeSearchName(search);
+}
+
+// The SIMD bodies of every search (every level this CPU has) code whole vectors as NearestCode does: the probes
+// scaled by an absmax of 1 and of 0.37 (the scaled values then land between the probes), at an odd length (the
+// scalar tail too).
+TEST(AdamW8bit, EveryCodeSearchsSimdBodyIsNearestCode) {
+  for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()}) {
+    std::vector<float> xs = ProbeValues(*map);
+    xs.push_back(0.25f);  // an odd length
+    for (const float amax : {1.0f, 0.37f}) {
+      std::vector<uint8_t> expected(xs.size());
+      for (size_t k = 0; k < xs.size(); ++k) expected[k] = NearestCode(*map, xs[k] * (1.0f / amax));
+      for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+        if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
+        for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
+          std::vector<uint8_t> codes(xs.size());
+          QuantizeScaled(xs.data(), static_cast<int64_t>(xs.size()), amax, *map, level, search, codes.data());
+          for (size_t k = 0; k < xs.size(); ++k)
+            ASSERT_EQ(codes[k], expected[k])
+                << xs[k] << " / " << amax << " " << SimdLevelName(level) << " " << CodeSearchName(search);
+        }
+      }
+    }
   }
 }
 
