@@ -18,7 +18,8 @@ hardware=${HW:-cpu, $(nproc) cores}
 work=$(mktemp -d)
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 if [ "$quality" = corpus ]; then
-  [ -f .quality/train.jsonl ] || [ ! -f .quality/train.jsonl.gz ] || gunzip -k .quality/train.jsonl.gz  # as carried
+  [ -f .quality/train.jsonl ] || [ ! -f .quality/train.jsonl.xz ] ||  # as carried
+    python3 -c 'import lzma, shutil; shutil.copyfileobj(lzma.open(".quality/train.jsonl.xz"), open(".quality/train.jsonl", "wb"))' 
   [ -f .quality/train.jsonl ] || { echo "no .quality/: run scripts/make_quality_corpus.py" >&2; exit 1; }
   [ -f .quality/model/model.safetensors ] || "$build/bench/make_random_model" llama-100m .quality/model .quality/tokenizer
   model="$(pwd)/.quality/model" dataset="$(pwd)/.quality/train.jsonl" model_name="llama-100m (97.5M), Python 3.11 docs"

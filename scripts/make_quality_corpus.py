@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds the real-text corpus and tokenizer of the 8-bit AdamW quality run (bench/quality_8bit.sh with
 QUALITY=corpus): run by hand; the outputs are not checked in (OUT, default .quality/, is git-ignored and carried to
-the GPU box; gzip -9 train.jsonl there keeps the carry small: bench/quality_8bit.sh unpacks it).
+the GPU box; xz -9e train.jsonl there keeps the carry small: bench/quality_8bit.sh unpacks it).
   OUT/train.jsonl          {"text": ...} samples of ~2,000 characters: the reStructuredText sources of the Python 3.11
                            documentation as Debian's python3.11-doc package ships them (_sources/**/*.rst.txt),
                            every third sample (in file order) of them
