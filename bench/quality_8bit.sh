@@ -5,7 +5,7 @@
 # comparing them. Uses an existing build (BUILD, default build).
 #   QUALITY=demo    (default) the demo model and data on the CPU
 #   QUALITY=corpus  a 97.5M-parameter Llama (make_random_model llama-100m, random init) on the Python 3.11
-#                   documentation (scripts/make_quality_corpus.py wrote .quality/), sequences of 512 packed, batch 16,
+#                   documentation (scripts/make_quality_corpus.py wrote .quality/), sequences of 512 packed, batch 8,
 #                   on DEVICE (default cuda)
 # Usage: bench/quality_8bit.sh [STEPS]   (COMMIT labels the lines; default the checkout's HEAD; HW names the machine)
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ "$quality" = corpus ]; then
   [ -f .quality/train.jsonl ] || { echo "no .quality/: run scripts/make_quality_corpus.py" >&2; exit 1; }
   [ -f .quality/model/model.safetensors ] || "$build/bench/make_random_model" llama-100m .quality/model .quality/tokenizer
   model="$(pwd)/.quality/model" dataset="$(pwd)/.quality/train.jsonl" model_name="llama-100m (97.5M), Python 3.11 docs"
-  shape="batch_size: 16
+  shape="batch_size: 8
 seq_len: 512
 sequence_mode: pack
 lr: 0.0006
