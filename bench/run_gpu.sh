@@ -225,9 +225,12 @@ PY
     timeout 120 build-gpu/tests/optim_tests --gtest_filter='AdamW8bit.*:TensorAdamW8bit.*' > "$OUT/q8_tests.log" 2>&1
     grep -E 'OK|FAILED|PASSED|Failure' "$OUT/q8_tests.log" | head -30
     run 150 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
+    probe=$(mktemp -d)  # the daemon as the quality run starts it: its first lines
+    timeout 8 build-gpu/server/slided --state-dir "$probe/state" --metrics-listen 127.0.0.1:0 > "$probe/log" 2>&1
+    echo "slided probe: rc $?"; head -c 1500 "$probe/log"
     COMMIT=$commit HW="$hardware" BUILD=build-gpu QUALITY=corpus DEVICE=cuda KEEP=1 \
       timeout 330 bash bench/quality_8bit.sh "${Q8_STEPS:-300}" 2> "$OUT/quality.err" | tee -a "$OUT/bench.jsonl"
-    for d in /tmp/tmp.*; do [ -f "$d/slided.log" ] && cp "$d/slided.log" "$d"/*.watch "$OUT/" 2>/dev/null; done
+    for d in /tmp/tmp.*; do [ -f "$d/slided.log" ] && tail -c 1500 "$d/slided.log"; done
     echo "q8 done after $((SECONDS - start)) s" ;;
   ab-build)
     rm -rf build-gpu-base && mkdir -p build-gpu-base/src && tar xzf "${BASE:-.gl/base.tar.gz}" -C build-gpu-base/src

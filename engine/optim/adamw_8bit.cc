@@ -20,8 +20,8 @@ namespace {
 constexpr int64_t kTileBlocks = 64;  // 16,384 elements a tile
 
 // Block quantisation: absmax (given, or taken here when amax < 0) and each element's nearest code.
-void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& map, SimdLevel level, CodeSearch search,
-                   uint8_t* codes, float* absmax, float amax = -1.0f) {
+void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& map, SimdLevel level, uint8_t* codes,
+                   float* absmax, float amax = -1.0f) {
   if (amax < 0.0f) {
     amax = 0.0f;
     for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -31,7 +31,7 @@ void QuantizeBlock(const float* x, int64_t len, const std::array<float, 256>& ma
     std::fill(codes, codes + len, uint8_t{0});
     return;
   }
-  QuantizeScaled(x, len, amax, map, level, search, codes);
+  QuantizeScaled(x, len, amax, map, level, codes);
 }
 
 // One element's update from its dequantised moments (m, v in place): the fp32 AdamW of cpu_adamw.cc's
@@ -61,14 +61,13 @@ void ScalarElements(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t b, in
 }
 
 // Blocks [first, last) of the span: dequantise, the fp32 AdamW of cpu_adamw.cc's ScalarRange, requantise.
-void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, CodeSearch search) {
+void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, Dequantise) {
   float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * kQuantBlock, len = std::min(kQuantBlock, s.n - begin);
     ScalarElements(s, c, b, begin, 0, len, m, v);
-    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kScalar, search, s.exp_avg + begin, s.exp_avg_absmax + b);
-    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kScalar, search, s.exp_avg_sq + begin,
-                  s.exp_avg_sq_absmax + b);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kScalar, s.exp_avg + begin, s.exp_avg_absmax + b);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kScalar, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b);
   }
 }
 
@@ -103,7 +102,7 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 PermuteLookup(const st
 }
 
 // Elements [i, i + 16) of one block (absmax a1, a2): dequantised into m / v (by gathers, or by permutes where
-// kPermute: the tree search's gather-free path), updated as UpdateElement does; returns the new weights.
+// kPermute), updated as UpdateElement does; returns the new weights.
 template <bool kPermute>
 __attribute__((target("avx512f,avx512bw"))) inline __m512 Update16(const AdamW8bitSpan& s, const Avx512Scalars& k,
                                                                    int64_t i, __m512 a1, __m512 a2, __m512* m,
@@ -141,7 +140,7 @@ __attribute__((target("avx512f,avx512bw"))) inline void StoreBf16x16(c10::BFloat
 
 template <bool kPermute>
 __attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitSpan& s, const AdamWScalars& c,
-                                                                int64_t first, int64_t last, CodeSearch search) {
+                                                                int64_t first, int64_t last) {
   const Avx512Scalars k16 = Broadcast(c);
   alignas(64) float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
@@ -167,15 +166,14 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitS
       t1 = std::max(t1, std::fabs(m[j]));
       t2 = std::max(t2, std::fabs(v[j]));
     }
-    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx512, search, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
-    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx512, search, s.exp_avg_sq + begin,
-                  s.exp_avg_sq_absmax + b, t2);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx512, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx512, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b, t2);
   }
 }
 
-void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, CodeSearch search) {
-  if (search == CodeSearch::kTree) return Avx512BlocksOf<true>(s, c, first, last, search);
-  Avx512BlocksOf<false>(s, c, first, last, search);
+void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, Dequantise how) {
+  if (how == Dequantise::kPermute) return Avx512BlocksOf<true>(s, c, first, last);
+  Avx512BlocksOf<false>(s, c, first, last);
 }
 
 // The weights-only pass over elements [a, b) of the span into out[0, b - a).
@@ -190,8 +188,9 @@ void ScalarWeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a,
 }
 
 // Vectors of 16 that start at multiples of 16 (so none straddles a block), the scalar path before and after.
-__attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c,
-                                                                   int64_t a, int64_t b, c10::BFloat16* out) {
+template <bool kPermute>
+__attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnlyOf(const AdamW8bitSpan& s, const AdamWScalars& c,
+                                                                     int64_t a, int64_t b, c10::BFloat16* out) {
   const Avx512Scalars k16 = Broadcast(c);
   const int64_t head = std::min(b, (a + 15) / 16 * 16);
   ScalarWeightsOnly(s, c, a, head, out);
@@ -199,11 +198,16 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnly(const AdamW8b
   for (; i + 16 <= b; i += 16) {
     const int64_t block = i / kQuantBlock;
     __m512 m, v;
-    const __m512 p = Update16<false>(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
-                                     _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
+    const __m512 p = Update16<kPermute>(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
+                                        _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
     StoreBf16x16(out + (i - a), p);
   }
   ScalarWeightsOnly(s, c, i, b, out + (i - a));
+}
+
+void Avx512WeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a, int64_t b, c10::BFloat16* out) {
+  if (ActiveDequantise() == Dequantise::kPermute) return Avx512WeightsOnlyOf<true>(s, c, a, b, out);
+  Avx512WeightsOnlyOf<false>(s, c, a, b, out);
 }
 
 // The AVX2 body: the AVX-512 one's steps 8 elements at a time.
@@ -249,7 +253,7 @@ __attribute__((target("avx2,fma"))) inline float MaxOf(__m256 x) {
 }
 
 __attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first,
-                                                    int64_t last, CodeSearch search) {
+                                                    int64_t last, Dequantise) {
   const Avx2Scalars k8 = Broadcast8(c);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   alignas(32) float m[kQuantBlock], v[kQuantBlock];
@@ -276,9 +280,8 @@ __attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, cons
       t1 = std::max(t1, std::fabs(m[j]));
       t2 = std::max(t2, std::fabs(v[j]));
     }
-    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx2, search, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
-    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx2, search, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b,
-                  t2);
+    QuantizeBlock(m, len, SignedDynamicMap(), SimdLevel::kAvx2, s.exp_avg + begin, s.exp_avg_absmax + b, t1);
+    QuantizeBlock(v, len, UnsignedDynamicMap(), SimdLevel::kAvx2, s.exp_avg_sq + begin, s.exp_avg_sq_absmax + b, t2);
   }
 }
 
@@ -313,8 +316,7 @@ uint8_t NearestCode(const std::array<float, 256>& map, float x) {
 void QuantizeBlockwise(const float* x, int64_t n, const std::array<float, 256>& map, uint8_t* codes, float* absmax) {
   for (int64_t b = 0; b * kQuantBlock < n; ++b) {
     const int64_t begin = b * kQuantBlock;
-    QuantizeBlock(x + begin, std::min(kQuantBlock, n - begin), map, SimdLevel::kScalar, ActiveCodeSearch(),
-                  codes + begin, absmax + b);
+    QuantizeBlock(x + begin, std::min(kQuantBlock, n - begin), map, SimdLevel::kScalar, codes + begin, absmax + b);
   }
 }
 
@@ -329,10 +331,8 @@ void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLeve
   const int64_t blocks = (span.n + kQuantBlock - 1) / kQuantBlock;
   const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
   auto blocks_of = level == SimdLevel::kAvx512 ? Avx512Blocks : level == SimdLevel::kAvx2 ? Avx2Blocks : ScalarBlocks;
-  const CodeSearch search = ActiveCodeSearch();
-  auto run_tile = [&](int64_t t) {
-    blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks), search);
-  };
+  const Dequantise how = ActiveDequantise();
+  auto run_tile = [&](int64_t t) { blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks), how); };
   if (threads == 1 || tiles <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(t);
     return;

@@ -1,33 +1,30 @@
-// Finding each value's nearest code in a dynamic map (adamw_8bit.h), the inner step of requantising a block. Every
-// search gives NearestCode's code bit for bit (adamw_8bit_test checks each against it); they differ only in speed:
-//   wide     a table of 2^16 entries (256 KB a map) indexed by the float's top 16 bits: one gather a vector, from L2
-//   compact  the same buckets for magnitudes 2^-24..1 only (25 KB signed, 12 KB unsigned): one gather, from L1
-//   tree     a branch-free binary search over the 255 code boundaries held in registers (AVX-512 permutes, no
-//            memory gather; the update then also dequantises by permutes of the maps instead of gathers); on AVX2
-//            and the scalar path it falls back to compact
+// Requantising a block's moments: each value's nearest code in a dynamic map (adamw_8bit.h), found through an index
+// of the float's top 16 bits (a "bucket" of 2^16 floats; 256 KB a map): one table read a value where the binary
+// search of NearestCode takes eight. It gives NearestCode's code bit for bit (adamw_8bit_test checks every bucket's
+// ends, every code and midpoint). A compact index (only the buckets of magnitudes 2^-24..1, in L1) and a branch-free
+// search over the code boundaries in registers were measured slower on the GPU box (bench/RESULTS.md, "8-bit AdamW:
+// the CPU kernel").
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <string_view>
 
 #include "engine/optim/cpu_adamw.h"
 
 namespace slide {
 
-enum class CodeSearch { kWide, kCompact, kTree };
-const char* CodeSearchName(CodeSearch search);
-bool ParseCodeSearch(std::string_view name, CodeSearch* search);
+// NearestCode(map, x) through the index; `map` is one of the two dynamic maps.
+uint8_t IndexedNearestCode(const std::array<float, 256>& map, float x);
 
-// The search the 8-bit update uses (process-wide; benchmarks compare them, jobs keep the default).
-CodeSearch ActiveCodeSearch();
-void SetCodeSearch(CodeSearch search);
-
-// codes[k] = NearestCode(map, x[k] * (1 / amax)) for k < len, amax > 0; `map` is one of the two dynamic maps.
+// codes[k] = NearestCode(map, x[k] * (1 / amax)) for k < len, amax > 0, by the SIMD body of `level`.
 void QuantizeScaled(const float* x, int64_t len, float amax, const std::array<float, 256>& map, SimdLevel level,
-                    CodeSearch search, uint8_t* codes);
+                    uint8_t* codes);
 
-// One value by `search`'s tables (the scalar path): NearestCode's code.
-uint8_t SearchNearestCode(const std::array<float, 256>& map, float x, CodeSearch search);
+// How the AVX-512 update dequantises: gathers from the maps, or permutes of them held in registers (no memory
+// gather). The same bits; benchmarks compare them (SetDequantise, sliding_bench --dequantise).
+enum class Dequantise { kGather, kPermute };
+const char* DequantiseName(Dequantise how);
+Dequantise ActiveDequantise();
+void SetDequantise(Dequantise how);
 
 }  // namespace slide

@@ -88,12 +88,13 @@ void UpdateScheduler::Wait(const UpdateKey& key, const char* why) {
   meter_.AddSpan("engine.wait", std::string(why) + " " + Name(key), t0, TraceNow());
 }
 
-// A unit whose state streams is updated through the device in whole-update steps only: a step going weights
-// first updates it on the CPU with the other host layers (its state is page-locked either way).
-bool UpdateScheduler::Streamed(size_t unit) const { return units_[unit].stream_capable() && !weights_first_step_; }
+// A unit whose state streams is updated through the device in every step, whole: in a step going weights first
+// the CPU's weights-only passes and whole updates take the other host layers while the copy engines and the
+// device update these (the next forward's load of one waits for its write-back).
+bool UpdateScheduler::Streamed(size_t unit) const { return units_[unit].stream_capable(); }
 
 bool UpdateScheduler::WeightsFirstEligible(size_t unit) const {
-  return unit >= 1 && unit + 1 < n_units_ && units_[unit].host_held();
+  return unit >= 1 && unit + 1 < n_units_ && units_[unit].host_held() && !units_[unit].stream_capable();
 }
 
 bool UpdateScheduler::EdgeWeightsFirstEligible(size_t unit) const {

@@ -132,11 +132,11 @@ TEST(AdamW8bit, EachStepMatchesBitsandbytesFromItsState) {
   }
 }
 
-// Tiles of whole blocks, on one thread or many, the scalar path or the SIMD body, each code search, bf16 gradients and
-// weights out: the same bits (blocks of odd lengths: the tail block and a parameter under one block take the scalar
-// tail).
+// Tiles of whole blocks, on one thread or many, the scalar path or the SIMD body (dequantising by gathers or permutes),
+// bf16 gradients and weights out: the same bits (blocks of odd lengths: the tail block and a parameter under one block
+// take the scalar tail).
 TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
-  const CodeSearch default_search = ActiveCodeSearch();
+  const Dequantise default_dequantise = ActiveDequantise();
   for (const int64_t n : {3 * 64 * kQuantBlock + 301, int64_t{37}}) {
     at::manual_seed(3);
     const at::Tensor p0 = at::randn({n}) * 0.02, g = (at::randn({n}) * 1e-2).to(at::kBFloat16);
@@ -162,16 +162,16 @@ TEST(AdamW8bit, SimdLevelsThreadsAndTilesChangeNothing) {
       if (static_cast<int>(level) <= static_cast<int>(DetectSimdLevel()))
         variants.insert(variants.end(), {{level, 1}, {level, 0}});
     ASSERT_EQ(variants.size(), 1 + 2 * static_cast<size_t>(DetectSimdLevel()));  // every level this CPU has
-    for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
-      SetCodeSearch(search);
+    for (Dequantise how : {Dequantise::kGather, Dequantise::kPermute}) {
+      SetDequantise(how);
       for (const auto& [level, threads] : variants) {
         const auto other = run(level, threads);
         for (size_t k = 0; k < one.size(); ++k)
           EXPECT_TRUE(at::equal(one[k], other[k])) << "n " << n << " " << SimdLevelName(level) << " threads " << threads
-                                                   << " " << CodeSearchName(search) << " tensor " << k;
+                                                   << " " << DequantiseName(how) << " tensor " << k;
       }
     }
-    SetCodeSearch(default_search);
+    SetDequantise(default_dequantise);
     EXPECT_TRUE(at::equal(one[5], one[0].to(at::kBFloat16)));  // the weights out are the master rounded
   }
 }
@@ -199,33 +199,23 @@ std::vector<float> ProbeValues(const std::array<float, 256>& map) {
   return xs;
 }
 
-// Every code search's scalar tables give NearestCode's code for every probe.
-TEST(AdamW8bit, EveryCodeSearchIsNearestCode) {
-  for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()})
-    for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree})
-      for (float x : ProbeValues(*map))
-        ASSERT_EQ(SearchNearestCode(*map, x, search), NearestCode(*map, x)) << x << " " << CodeSearchName(search);
-}
-
-// The SIMD bodies of every search (every level this CPU has) code whole vectors as NearestCode does: the probes
-// scaled by an absmax of 1 and of 0.37 (the scaled values then land between the probes), at an odd length (the
-// scalar tail too).
-TEST(AdamW8bit, EveryCodeSearchsSimdBodyIsNearestCode) {
+// The code index gives NearestCode's code for every probe, one value at a time and by each SIMD body this CPU has
+// (the probes scaled by an absmax of 1 and of 0.37, whose scaled values land between the probes; an odd length, so
+// the scalar tail runs too).
+TEST(AdamW8bit, IndexedNearestCodeIsNearestCode) {
   for (const auto* map : {&SignedDynamicMap(), &UnsignedDynamicMap()}) {
     std::vector<float> xs = ProbeValues(*map);
+    for (float x : xs) ASSERT_EQ(IndexedNearestCode(*map, x), NearestCode(*map, x)) << x;
     xs.push_back(0.25f);  // an odd length
     for (const float amax : {1.0f, 0.37f}) {
       std::vector<uint8_t> expected(xs.size());
       for (size_t k = 0; k < xs.size(); ++k) expected[k] = NearestCode(*map, xs[k] * (1.0f / amax));
       for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
         if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
-        for (CodeSearch search : {CodeSearch::kWide, CodeSearch::kCompact, CodeSearch::kTree}) {
-          std::vector<uint8_t> codes(xs.size());
-          QuantizeScaled(xs.data(), static_cast<int64_t>(xs.size()), amax, *map, level, search, codes.data());
-          for (size_t k = 0; k < xs.size(); ++k)
-            ASSERT_EQ(codes[k], expected[k])
-                << xs[k] << " / " << amax << " " << SimdLevelName(level) << " " << CodeSearchName(search);
-        }
+        std::vector<uint8_t> codes(xs.size());
+        QuantizeScaled(xs.data(), static_cast<int64_t>(xs.size()), amax, *map, level, codes.data());
+        for (size_t k = 0; k < xs.size(); ++k)
+          ASSERT_EQ(codes[k], expected[k]) << xs[k] << " / " << amax << " " << SimdLevelName(level);
       }
     }
   }
@@ -252,9 +242,13 @@ TEST(AdamW8bit, WeightsOnlyPassGivesTheWholeUpdatesWeightsAndKeepsTheState) {
     CpuAdamW8bit(span(at::randn({n}) * 1e-2, nullptr), FixtureArgs(step), SimdLevel::kScalar);
   const at::Tensor g = at::randn({n}) * 1e-2;
   const std::vector<at::Tensor> before{p.clone(), s1.clone(), s2.clone(), a1.clone(), a2.clone()};
-  for (const auto& [level, threads] :  // every SIMD body this CPU has, on one thread and on the pool
-       {std::pair{SimdLevel::kScalar, 1}, std::pair{std::min(SimdLevel::kAvx2, DetectSimdLevel()), 0},
-        std::pair{DetectSimdLevel(), 0}}) {
+  const Dequantise default_dequantise = ActiveDequantise();
+  for (const auto& [level, threads, how] :  // every SIMD body this CPU has, on one thread and on the pool
+       {std::tuple{SimdLevel::kScalar, 1, Dequantise::kGather},
+        std::tuple{std::min(SimdLevel::kAvx2, DetectSimdLevel()), 0, Dequantise::kGather},
+        std::tuple{DetectSimdLevel(), 0, Dequantise::kGather},
+        std::tuple{DetectSimdLevel(), 0, Dequantise::kPermute}}) {
+    SetDequantise(how);
     at::Tensor pieces = at::empty({n}, at::kBFloat16);
     auto* out = reinterpret_cast<c10::BFloat16*>(pieces.data_ptr());
     for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1001}, {1001, 1013}, {1013, n}})
@@ -263,9 +257,11 @@ TEST(AdamW8bit, WeightsOnlyPassGivesTheWholeUpdatesWeightsAndKeepsTheState) {
     for (size_t k = 0; k < now.size(); ++k) EXPECT_TRUE(at::equal(now[k], before[k])) << "state " << k;
     at::Tensor whole = at::empty({n}, at::kBFloat16);
     CpuAdamW8bit(span(g, &whole), FixtureArgs(3), DetectSimdLevel());
-    EXPECT_TRUE(at::equal(pieces, whole)) << SimdLevelName(level) << " threads " << threads;
+    EXPECT_TRUE(at::equal(pieces, whole))
+        << SimdLevelName(level) << " threads " << threads << " " << DequantiseName(how);
     for (size_t k = 0; k < now.size(); ++k) now[k].copy_(before[k]);  // the next round starts from the same state
   }
+  SetDequantise(default_dequantise);
 }
 
 // A unit's moment buffer: fp32 for adamw; for adamw_8bit the small parameters' fp32 moments, then every block's

@@ -403,8 +403,8 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
 // Weights first changes which pass writes the next forward's weights and where they wait (a weights-only pass into
 // the ring, the whole update behind it), not the arithmetic: losses, norms, every master weight and both moments
 // are identical to the whole update's, with one and two slots, accumulation, layers parked on the host, and beside
-// resident and NVMe-tiered layers (which never go weights first) and streamed ones (which go weights first on the
-// CPU, streaming only in whole-update steps), through an evaluation between steps,
+// resident, NVMe-tiered and streamed layers (which never go weights first: streamed ones take their whole update
+// through the device in every step), through an evaluation between steps,
 // a checkpoint's wait (the ring is cancelled, and training goes on from staging) and a restore.
 TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   ModelFixture fx = ModelFixture::Load("llama3");
@@ -420,7 +420,7 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     int64_t eligible = 4;  // layers that go weights first
   };
   for (const Variant& v : {Variant{1, 1}, Variant{2, 2}, Variant{2, 1, true}, Variant{1, 1, false, 1, 0, 0, 3},
-                           Variant{2, 2, false, 0, 0.5, 0, 4}, Variant{1, 1, false, 0, 0, 2, 2}}) {
+                           Variant{2, 2, false, 0, 0.5, 0, 2}, Variant{1, 1, false, 0, 0, 2, 2}}) {
     SCOPED_TRACE("window " + std::to_string(v.window) + " accum " + std::to_string(v.accum) + " parked " +
                  std::to_string(v.parked) + " resident " + std::to_string(v.resident) + " streamed " +
                  std::to_string(v.streamed) + " nvme layers " + std::to_string(v.nvme_layers));
@@ -460,14 +460,14 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     EXPECT_EQ(a.ring_loads(), 0);
     EXPECT_EQ(b.ring_loads(), 4 * v.eligible);
     EXPECT_EQ(a_streamed > 0, v.streamed > 0);
-    EXPECT_EQ(b_streamed, 0);  // every step went weights first
+    EXPECT_EQ(b_streamed > 0, v.streamed > 0);  // weights first too
     ExpectSameStateAndRestore(a, b, cfg, params, first, v.accum);
   }
 }
 
-// A streamed layer's update moves with the schedule: through the device in whole-update steps, on the CPU in
-// weights-first ones, its gradient landing with the worker that will update it. Schedules alternating step by step
-// (and repeating) give the state of the whole update on the CPU alone, with and without accumulation.
+// A streamed layer's whole update goes through the device whatever the schedule, beside the other host layers'
+// weights-only passes in weights-first steps. Schedules alternating step by step (and repeating) give the state of
+// the whole update on the CPU alone, with and without accumulation.
 TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelConfig cfg = fx.config;
@@ -496,7 +496,7 @@ TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
     }
     EXPECT_GT(streamed, 0);
     EXPECT_EQ(weights_first_steps, 4);
-    EXPECT_EQ(b.ring_loads(), 3 * 4);  // the forwards of steps 1, 3 and 4 loaded every layer (streamed ones too)
+    EXPECT_EQ(b.ring_loads(), 3 * 2);  // the forwards of steps 1, 3 and 4 loaded the two unstreamed layers
     ExpectSameStateAndRestore(a, b, cfg, params, mixed, accum);
   }
 }
