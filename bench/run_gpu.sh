@@ -20,9 +20,9 @@
 #                                batch 8 and 32 (micro-batches of 8), 24 GiB budget
 #   bench/run_gpu.sh qlora-peer  PEFT + bitsandbytes QLoRA on the whole card at QLORA_PEER_SHAPE (llama-70b) batch 8
 #                                (bench/peers/peer_train.py qlora)
-#   bench/run_gpu.sh q8          8-bit AdamW's CPU update (issue 38): builds, the 8-bit CPU tests (every code search's
-#                                AVX-512 body against NearestCode), cpu_adamw_bench (each code search, every thread and
-#                                one), then the real-corpus quality run (QUALITY=corpus bench/quality_8bit.sh; carry
+#   bench/run_gpu.sh q8          8-bit AdamW's CPU update (issue 38): builds, the 8-bit tests (AVX-512 bodies against
+#                                NearestCode and the scalar path) and the streamed / weights-first GPU tests,
+#                                cpu_adamw_bench, then the real-corpus quality run (QUALITY=corpus bench/quality_8bit.sh; carry
 #                                .quality/ from scripts/make_quality_corpus.py) on this GPU
 #   bench/run_gpu.sh ab-build    before/after on one box: unpacks BASE (a `git archive` tarball of an older tree,
 #                                default .gl/base.tar.gz) and builds its sliding_bench into build-gpu-base/ beside
@@ -220,10 +220,11 @@ PY
       --nvme-layers "$tier_layers" --nvme-dir "$dir" --nvme-threads 4 --nvme-buffers 8
     echo "with the tier done after $((SECONDS - start)) s" ;;
   q8)
-    build_gpu optim_tests cpu_adamw_bench sliding_bench slided slidectl make_random_model
+    build_gpu optim_tests engine_tests cpu_adamw_bench sliding_bench slided slidectl make_random_model
     echo "build ok after $((SECONDS - start)) s"
     timeout 120 build-gpu/tests/optim_tests --gtest_filter='AdamW8bit.*:TensorAdamW8bit.*' > "$OUT/q8_tests.log" 2>&1
-    grep -E 'OK|FAILED|PASSED|Failure' "$OUT/q8_tests.log" | head -30
+    timeout 200 build-gpu/tests/engine_tests --gtest_filter='SlidingTrainer.*Streamed*_CUDA:SlidingTrainer.*WeightsFirst*_CUDA:SlidingTrainer.*AdamW8bit*_CUDA' >> "$OUT/q8_tests.log" 2>&1
+    grep -E 'OK|FAILED|PASSED|Failure' "$OUT/q8_tests.log" | head -40
     run 150 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
     probe=$(mktemp -d)  # the daemon as the quality run starts it: its first lines
     timeout 8 build-gpu/server/slided --state-dir "$probe/state" --metrics-listen 127.0.0.1:0 > "$probe/log" 2>&1
