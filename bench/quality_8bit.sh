@@ -42,7 +42,11 @@ device: cpu"
 fi
 "$build/server/slided" --state-dir "$work/state" --metrics-listen 127.0.0.1:0 > "$work/slided.log" 2>&1 &
 daemon=$!
-for _ in $(seq 100); do [ -S "$work/state/slided.sock" ] && break; sleep 0.1; done
+for _ in $(seq 600); do  # a GPU box's daemon takes seconds to start (CUDA)
+  [ -S "$work/state/slided.sock" ] && break
+  kill -0 $daemon 2>/dev/null || { echo "slided exited:" >&2; tail -20 "$work/slided.log" >&2; exit 1; }
+  sleep 0.1
+done
 addr="unix:$work/state/slided.sock"
 results=()
 for optimizer in adamw adamw_8bit; do
