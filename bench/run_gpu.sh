@@ -227,7 +227,7 @@ PY
     grep -E 'OK|FAILED|PASSED|Failure' "$OUT/q8_tests.log" | head -40
     run 150 build-gpu/bench/cpu_adamw_bench $((1 << 28)) 3
     probe=$(mktemp -d)  # the daemon as the quality run starts it: its first lines
-    timeout 30 build-gpu/server/slided --state-dir "$probe/state" --metrics-listen 127.0.0.1:0 > "$probe/log" 2>&1
+    timeout 15 build-gpu/server/slided --state-dir "$probe/state" --metrics-listen 127.0.0.1:0 > "$probe/log" 2>&1
     echo "slided probe: rc $?"; head -c 1500 "$probe/log"
     COMMIT=$commit HW="$hardware" BUILD=build-gpu QUALITY=corpus DEVICE=cuda KEEP=1 \
       timeout 330 bash bench/quality_8bit.sh "${Q8_STEPS:-300}" 2> "$OUT/quality.err" | tee -a "$OUT/bench.jsonl"
