@@ -50,7 +50,7 @@ struct Flags {
   std::vector<std::string> nvme_dirs = {"/var/tmp"};
   int64_t nvme_chunk_mb = 32, nvme_layers = -1;
   int nvme_buffers = 6, nvme_queue_depth = 32, nvme_threads = 2;
-  bool huge_pages = true, phase_memory = false, plan_only = false, kernels = true;
+  bool huge_pages = true, phase_memory = false, plan_only = false, kernels = true, stream_in_weights_first = false;
   std::string trace_out;
   // LoRA (adapter mode) when lora_r > 0: alpha 0 means 2r; targets comma-separated (PEFT's module names).
   int64_t lora_r = 0;
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-budget-gib", f.gpu_budget_gib, "the device budget the job is planned and held to");
   app.add_option("--checkpoints", f.checkpoints, "where layer inputs wait for the backward")
       ->check(CLI::IsMember({"auto", "device", "host"}));
+  app.add_flag("--stream-in-weights-first,!--no-stream-in-weights-first", f.stream_in_weights_first,
+               "streamed layers stream in weights-first steps too (default off)");
   app.add_option("--weights-first", f.weights_first, "the weights-first schedule")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--resident", f.resident, "layers kept on the device: auto (as many as fit) or a count");
@@ -158,6 +160,7 @@ int main(int argc, char** argv) {
   asked.nvme.io.io_threads = f.nvme_threads;
   asked.nvme.layers = f.nvme_layers;
   asked.device_update_chunk = f.device_update_chunk;
+  asked.stream_in_weights_first = f.stream_in_weights_first;
   asked.weights_first = f.weights_first == "on"    ? WeightsFirst::kOn
                         : f.weights_first == "off" ? WeightsFirst::kOff
                                                    : WeightsFirst::kAuto;
@@ -353,6 +356,7 @@ int main(int argc, char** argv) {
       {"checkpoints_on_host", plan.checkpoints_on_host},
       {"resident_layers", plan.resident_layers},
       {"device_update_share", so.device_update_share},
+      {"stream_in_weights_first", so.stream_in_weights_first},
       {"streamed_units", trainer.streamed_units()},
       {"max_grad_norm", f.max_grad_norm},
       {"optimizer", f.optimizer},

@@ -37,10 +37,19 @@ DeviceInfo DescribeDevice() {
   return info;
 }
 
+#if SLIDE_HAVE_CUDA
+namespace {
+// The caching allocator's per-device state exists only once LibTorch has initialised CUDA (the first CUDA work, or
+// LimitDeviceMemory): before that its stats calls throw "Invalid device argument" (the daemon describes its device
+// at start-up, before any job).
+bool AllocatorReady() { return at::hasCUDA() && c10::cuda::CUDACachingAllocator::get()->initialized(); }
+}  // namespace
+#endif
+
 DeviceAllocatorStats ReadDeviceAllocatorStats() {
   DeviceAllocatorStats out;
 #if SLIDE_HAVE_CUDA
-  if (at::hasCUDA()) {
+  if (AllocatorReady()) {
     const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
     constexpr size_t kAll = 0;  // StatType::AGGREGATE
     out.reserved_bytes = s.reserved_bytes[kAll].current;
@@ -57,7 +66,7 @@ DeviceAllocatorStats ReadDeviceAllocatorStats() {
 
 bool DeviceSegmentsExpandable() {
 #if SLIDE_HAVE_CUDA
-  if (at::hasCUDA()) {
+  if (AllocatorReady()) {
     // The allocator's own segments: a setting read through the headers here would report the build of this file
     // (without the driver API's macro), not the allocator's.
     for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false).segments)
@@ -69,7 +78,7 @@ bool DeviceSegmentsExpandable() {
 
 void RestartDevicePeak() {
 #if SLIDE_HAVE_CUDA
-  if (at::hasCUDA()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  if (AllocatorReady()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
 #endif
 }
 

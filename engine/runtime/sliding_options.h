@@ -45,13 +45,15 @@ struct SlidingOptions {
   // Of the layers left on the host, this share (spread evenly over them in forward order) is updated on the
   // device: chunks of the fp32 state and the gradient stream up, the AdamW kernel runs, the results stream back,
   // while the CPU updates the others, so the copy engines add their bandwidth to the CPU's. bf16 compute, no NVMe
-  // tier. 0: every host unit updates on the CPU. Only in whole-update steps: a step going weights first
-  // updates them on the CPU (streaming beside the weights-only passes slowed the step).
+  // tier. 0: every host unit updates on the CPU.
   double device_update_share = 0;
+  // Streamed layers stream in weights-first steps too, their whole update beside the other host layers'
+  // weights-only passes (which they then skip); off: such steps update them on the CPU like the other host layers.
+  bool stream_in_weights_first = false;
   int64_t device_update_chunk = int64_t(2) << 20;  // elements per ring buffer (3 buffers, 18 bytes per element)
   int64_t DeviceUpdateRingBytes() const { return device_update_share > 0 ? 3 * device_update_chunk * 18 : 0; }
-  // Layers eligible: host-held (not resident or on the NVMe tier; streamed layers join, updated on the CPU in such
-  // steps); bf16 compute with clipping only.
+  // Layers eligible: host-held (not resident or on the NVMe tier; streamed layers only with stream_in_weights_first
+  // off); bf16 compute with clipping only.
   WeightsFirst weights_first = WeightsFirst::kAuto;
   // The host-held fp32 master, moments and gradient sums in their own mappings (HostArray), advised for
   // transparent huge pages; off: advised against them (small pages even where THP is "always").

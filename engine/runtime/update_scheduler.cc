@@ -88,13 +88,17 @@ void UpdateScheduler::Wait(const UpdateKey& key, const char* why) {
   meter_.AddSpan("engine.wait", std::string(why) + " " + Name(key), t0, TraceNow());
 }
 
-// A unit whose state streams is updated through the device in every step, whole: in a step going weights first
-// the CPU's weights-only passes and whole updates take the other host layers while the copy engines and the
-// device update these (the next forward's load of one waits for its write-back).
-bool UpdateScheduler::Streamed(size_t unit) const { return units_[unit].stream_capable(); }
+// A unit whose state streams is updated through the device, whole: in a step going weights first too (unless the
+// options say otherwise: then the CPU updates it with the other host layers), the CPU's weights-only passes and
+// whole updates taking the other host layers while the copy engines and the device update it (the next forward's
+// load of it waits for its write-back).
+bool UpdateScheduler::Streamed(size_t unit) const {
+  return units_[unit].stream_capable() && (options_.stream_in_weights_first || !weights_first_step_);
+}
 
 bool UpdateScheduler::WeightsFirstEligible(size_t unit) const {
-  return unit >= 1 && unit + 1 < n_units_ && units_[unit].host_held() && !units_[unit].stream_capable();
+  return unit >= 1 && unit + 1 < n_units_ && units_[unit].host_held() &&
+         !(units_[unit].stream_capable() && options_.stream_in_weights_first);
 }
 
 bool UpdateScheduler::EdgeWeightsFirstEligible(size_t unit) const {

@@ -1,6 +1,7 @@
 // What the daemon reads and sets about its device and host memory, on any machine.
 #include "engine/runtime/device_info.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,6 +12,20 @@
 
 namespace slide {
 namespace {
+
+// The daemon describes its device at start-up, before any CUDA work: the allocator's stats are zero then, not an
+// exception (on a GPU box slided aborted at start with "Invalid device argument"). ctest runs each test in its own
+// process, so on a CUDA machine this reads them before LibTorch has initialised CUDA; then again after some work.
+TEST(DeviceInfo, AllocatorStatsBeforeAnyCudaWorkAreZero_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";
+  DeviceAllocatorStats before;
+  ASSERT_NO_THROW(before = ReadDeviceAllocatorStats());
+  ASSERT_NO_THROW(RestartDevicePeak());
+  ASSERT_NO_THROW((void)DeviceSegmentsExpandable());
+  const at::Tensor t = at::ones({1 << 20}, at::TensorOptions().device(at::kCUDA));
+  const DeviceAllocatorStats after = ReadDeviceAllocatorStats();
+  EXPECT_GE(after.allocated_bytes, before.allocated_bytes + (4 << 20));
+}
 
 TEST(DeviceInfo, ExpandableSegmentsJoinTheUsersAllocatorSettings) {
   EXPECT_EQ(AllocatorSettingsWithExpandableSegments(""), "expandable_segments:True");

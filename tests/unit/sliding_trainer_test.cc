@@ -403,8 +403,9 @@ TEST(SlidingTrainer, StreamedUpdatesAreBitIdenticalToHostState) {
 // Weights first changes which pass writes the next forward's weights and where they wait (a weights-only pass into
 // the ring, the whole update behind it), not the arithmetic: losses, norms, every master weight and both moments
 // are identical to the whole update's, with one and two slots, accumulation, layers parked on the host, and beside
-// resident, NVMe-tiered and streamed layers (which never go weights first: streamed ones take their whole update
-// through the device in every step), through an evaluation between steps,
+// resident and NVMe-tiered layers (which never go weights first) and streamed ones (on the CPU with the others in
+// such steps, or, with stream_in_weights_first, whole through the device beside them), through an evaluation between
+// steps,
 // a checkpoint's wait (the ring is cancelled, and training goes on from staging) and a restore.
 TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
   ModelFixture fx = ModelFixture::Load("llama3");
@@ -418,17 +419,21 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     double streamed = 0;
     int64_t nvme_layers = 0;
     int64_t eligible = 4;  // layers that go weights first
+    bool stream_in_weights_first = false;
   };
   for (const Variant& v : {Variant{1, 1}, Variant{2, 2}, Variant{2, 1, true}, Variant{1, 1, false, 1, 0, 0, 3},
-                           Variant{2, 2, false, 0, 0.5, 0, 2}, Variant{1, 1, false, 0, 0, 2, 2}}) {
+                           Variant{2, 2, false, 0, 0.5, 0, 4}, Variant{2, 2, false, 0, 0.5, 0, 2, true},
+                           Variant{1, 1, false, 0, 0, 2, 2}}) {
     SCOPED_TRACE("window " + std::to_string(v.window) + " accum " + std::to_string(v.accum) + " parked " +
                  std::to_string(v.parked) + " resident " + std::to_string(v.resident) + " streamed " +
-                 std::to_string(v.streamed) + " nvme layers " + std::to_string(v.nvme_layers));
+                 std::to_string(v.streamed) + " nvme layers " + std::to_string(v.nvme_layers) + " streaming then " +
+                 std::to_string(v.stream_in_weights_first));
     const TrainerOptions o = Options(c10::kBFloat16, 1.0, cpu);
     ScratchDir whole_dir, first_dir;
     SlidingOptions whole{.train = o, .window = v.window, .checkpoints_on_host = v.parked};
     whole.resident_layers = v.resident;
     whole.device_update_share = v.streamed;
+    whole.stream_in_weights_first = v.stream_in_weights_first;
     whole.device_update_chunk = 1000;
     if (v.nvme_layers > 0) {
       whole.nvme = SmallTier(TierMode::kMoments, whole_dir);
@@ -460,27 +465,30 @@ TEST(SlidingTrainer, WeightsFirstIsBitIdenticalToTheWholeUpdate) {
     EXPECT_EQ(a.ring_loads(), 0);
     EXPECT_EQ(b.ring_loads(), 4 * v.eligible);
     EXPECT_EQ(a_streamed > 0, v.streamed > 0);
-    EXPECT_EQ(b_streamed > 0, v.streamed > 0);  // weights first too
+    EXPECT_EQ(b_streamed > 0, v.streamed > 0 && v.stream_in_weights_first);  // every step went weights first
     ExpectSameStateAndRestore(a, b, cfg, params, first, v.accum);
   }
 }
 
-// A streamed layer's whole update goes through the device whatever the schedule, beside the other host layers'
-// weights-only passes in weights-first steps. Schedules alternating step by step (and repeating) give the state of
-// the whole update on the CPU alone, with and without accumulation.
+// A streamed layer's update moves with the schedule: through the device in whole-update steps; in weights-first
+// ones on the CPU, or (stream_in_weights_first) whole through the device beside the other layers' weights-only
+// passes; its gradient landing with the worker that will update it. Schedules alternating step by step (and
+// repeating) give the state of the whole update on the CPU alone, with and without accumulation.
 TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
   ModelFixture fx = ModelFixture::Load("llama3");
   ModelConfig cfg = fx.config;
   const ModelParams params = RepeatedLayers(fx, &cfg, 4);
   const TrainerOptions o = Options(c10::kBFloat16, 1.0, c10::Device(c10::kCPU));
-  for (int64_t accum : {1, 2}) {
-    SCOPED_TRACE("accum " + std::to_string(accum));
+  for (const auto& [accum, stream_in_weights_first] : {std::pair{int64_t{1}, false}, std::pair{int64_t{2}, false},
+                                                       std::pair{int64_t{1}, true}, std::pair{int64_t{2}, true}}) {
+    SCOPED_TRACE("accum " + std::to_string(accum) + " streaming then " + std::to_string(stream_in_weights_first));
     SlidingOptions host{.train = o, .window = 2};
     host.weights_first = WeightsFirst::kOff;
     SlidingOptions mixed = host;
     mixed.weights_first = WeightsFirst::kOn;  // the ring is made where a step may go weights first
     mixed.device_update_share = 0.5;
     mixed.device_update_chunk = 1000;
+    mixed.stream_in_weights_first = stream_in_weights_first;
     SlidingTrainer a(cfg, params, host), b(cfg, params, mixed);
     EXPECT_EQ(b.streamed_units(), 2);
     EXPECT_THROW(a.set_weights_first(WeightsFirst::kOn), c10::Error);  // made without the ring
@@ -496,7 +504,8 @@ TEST(SlidingTrainer, StreamedLayersFollowTheScheduleBitIdentically) {
     }
     EXPECT_GT(streamed, 0);
     EXPECT_EQ(weights_first_steps, 4);
-    EXPECT_EQ(b.ring_loads(), 3 * 2);  // the forwards of steps 1, 3 and 4 loaded the two unstreamed layers
+    // The forwards of steps 1, 3 and 4 loaded every layer from the ring, or the two unstreamed ones.
+    EXPECT_EQ(b.ring_loads(), 3 * (stream_in_weights_first ? 2 : 4));
     ExpectSameStateAndRestore(a, b, cfg, params, mixed, accum);
   }
 }
