@@ -1,8 +1,8 @@
 // Benchmark: fused CPU AdamW (bf16 grad in, fp32 master + moments updated, bf16 weight out) per SIMD level, and
 // its weights-only pass (state read, only the bf16 weight written: the weights-first schedule's short pass) at the
 // best level, against PyTorch's fused CPU AdamW (at::_fused_adamw_, fp32 grads, no bf16 output) on the same data;
-// then the 8-bit AdamW (adamw_8bit.h: byte moments with a block absmax) per SIMD level it has, each way of
-// dequantising (code_search.h) at the best level on every thread and on one, and the code search alone.
+// then the 8-bit AdamW (adamw_8bit.h: byte moments with a block absmax) per SIMD level it has, on one thread, its
+// weights-only pass, and the code search (code_search.h) alone.
 // Checks first (one step of each against the ATen reference), then times. Prints one JSON line.
 // Usage: cpu_adamw_bench [params (default 2^28)] [repeats (default 5)]
 #include <ATen/ATen.h>
@@ -115,18 +115,14 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof(buf), "\"slide_adamw8bit_%s_gparam_s\": %.3f, ", SimdLevelName(level), n / best / 1e9);
       results += buf;
     }
-    // Each way of dequantising at the best level, on every thread and on one (a slice of 2^24: the per-core rate),
-    // with fp32 AdamW's one-thread rate beside it.
-    const Dequantise default_dequantise = ActiveDequantise();
+    // At the best level, on one thread (a slice of 2^24: the per-core rate) and the weights-only pass on every
+    // thread, with fp32 AdamW's one-thread rate beside them.
     const int64_t slice = std::min<int64_t>(n, int64_t(1) << 24);
-    AdamW8bitSpan one_core = span;
-    one_core.n = slice;
-    for (Dequantise how : {Dequantise::kGather, Dequantise::kPermute}) {
-      SetDequantise(how);
+    {
+      AdamW8bitSpan one_core = span;
+      one_core.n = slice;
       const SimdLevel level = DetectSimdLevel();
-      double best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(span, {hp, r + 2, 1.0f}, level); });
-      const double all = n / best / 1e9;
-      best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(one_core, {hp, r + 2, 1.0f}, level, 1); });
+      double best = BestSeconds(repeats, [&](int r) { CpuAdamW8bit(one_core, {hp, r + 2, 1.0f}, level, 1); });
       const double one = slice / best / 1e9;
       AdamW8bitSpan weights_only = span;
       weights_only.out_bf16 = nullptr;
@@ -134,14 +130,12 @@ int main(int argc, char** argv) {
         CpuAdamW8bitWeightsOnly(weights_only, 0, n, reinterpret_cast<c10::BFloat16*>(out.data_ptr()), {hp, r + 2, 1.0f},
                                 level);
       });
-      char buf[200];
+      char buf[160];
       std::snprintf(buf, sizeof(buf),
-                    "\"adamw8bit_%s_gparam_s\": %.3f, \"adamw8bit_%s_one_thread_gparam_s\": %.3f, "
-                    "\"adamw8bit_%s_weights_only_gparam_s\": %.3f, ",
-                    DequantiseName(how), all, DequantiseName(how), one, DequantiseName(how), n / best / 1e9);
+                    "\"adamw8bit_one_thread_gparam_s\": %.3f, \"adamw8bit_weights_only_gparam_s\": %.3f, ", one,
+                    n / best / 1e9);
       results += buf;
     }
-    SetDequantise(default_dequantise);
     // The code search alone (one thread): 2^16 moments (a 256 KB working set, as a tile's blocks) quantised block by
     // block 256 times over, both maps: nanoseconds a value.
     {
@@ -166,8 +160,7 @@ int main(int argc, char** argv) {
                    slice};
     const double best = BestSeconds(repeats, [&](int r) { CpuAdamW(fp32, {hp, r + 2, 1.0f}, DetectSimdLevel(), 1); });
     char buf[128];
-    std::snprintf(buf, sizeof(buf), "\"adamw_one_thread_gparam_s\": %.3f, \"default_dequantise\": \"%s\", ",
-                  slice / best / 1e9, DequantiseName(default_dequantise));
+    std::snprintf(buf, sizeof(buf), "\"adamw_one_thread_gparam_s\": %.3f, ", slice / best / 1e9);
     results += buf;
   }
 

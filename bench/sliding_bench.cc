@@ -22,7 +22,6 @@
 #include "engine/memory/host_array.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/config.h"
-#include "engine/optim/code_search.h"
 #include "engine/runtime/adapter_store.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/sliding_trainer.h"
@@ -46,7 +45,6 @@ struct Flags {
   int64_t device_update_chunk = SlidingOptions{}.device_update_chunk;
   std::string nvme_state = "none";
   std::string optimizer = "adamw";
-  std::string dequantise;  // adamw_8bit's AVX-512 dequantisation (code_search.h); empty: the default
   std::vector<std::string> nvme_dirs = {"/var/tmp"};
   int64_t nvme_chunk_mb = 32, nvme_layers = -1;
   int nvme_buffers = 6, nvme_queue_depth = 32, nvme_threads = 2;
@@ -106,8 +104,6 @@ int main(int argc, char** argv) {
   app.add_option("--head-chunk-tokens", f.head_chunk_tokens, "the LM head's chunk")->check(CLI::Range(1, 1 << 24));
   app.add_option("--optimizer", f.optimizer, "AdamW's moments: fp32 or blockwise 8-bit")
       ->check(CLI::IsMember({"adamw", "adamw_8bit"}));
-  app.add_option("--dequantise", f.dequantise, "adamw_8bit: how the AVX-512 update dequantises")
-      ->check(CLI::IsMember({"gather", "permute"}));
   app.add_option("--nvme-state", f.nvme_state, "optimizer state on the NVMe tier")
       ->check(CLI::IsMember({"none", "moments", "moments_and_master"}));
   app.add_option("--nvme-dir", f.nvme_dirs, "the tier's directories (repeat for several disks)");
@@ -136,7 +132,6 @@ int main(int argc, char** argv) {
   if (!shaped.ok()) return Fail(shaped.status().ToString());
   const ModelConfig cfg = shaped.value();
   SetFusedKernelsEnabled(f.kernels);
-  if (!f.dequantise.empty()) SetDequantise(f.dequantise == "permute" ? Dequantise::kPermute : Dequantise::kGather);
   const bool cuda = f.device == "cuda";
   const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 
@@ -360,7 +355,6 @@ int main(int argc, char** argv) {
       {"streamed_units", trainer.streamed_units()},
       {"max_grad_norm", f.max_grad_norm},
       {"optimizer", f.optimizer},
-      {"dequantise", DequantiseName(ActiveDequantise())},
       {"steps", f.steps},
       {"warmup_steps", warmup},
       {"device", f.device},

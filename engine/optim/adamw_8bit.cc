@@ -61,7 +61,7 @@ void ScalarElements(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t b, in
 }
 
 // Blocks [first, last) of the span: dequantise, the fp32 AdamW of cpu_adamw.cc's ScalarRange, requantise.
-void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, Dequantise) {
+void ScalarBlocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last) {
   float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * kQuantBlock, len = std::min(kQuantBlock, s.n - begin);
@@ -102,7 +102,9 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 PermuteLookup(const st
 }
 
 // Elements [i, i + 16) of one block (absmax a1, a2): dequantised into m / v (by gathers, or by permutes where
-// kPermute), updated as UpdateElement does; returns the new weights.
+// kPermute), updated as UpdateElement does; returns the new weights. Measured on the GPU box's 16 cores
+// (bench/RESULTS.md, "8-bit AdamW: the CPU kernel"), gathers make the whole update faster and permutes the
+// weights-only pass, so each pass takes its own.
 template <bool kPermute>
 __attribute__((target("avx512f,avx512bw"))) inline __m512 Update16(const AdamW8bitSpan& s, const Avx512Scalars& k,
                                                                    int64_t i, __m512 a1, __m512 a2, __m512* m,
@@ -138,9 +140,8 @@ __attribute__((target("avx512f,avx512bw"))) inline void StoreBf16x16(c10::BFloat
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ToBf16x16(p));
 }
 
-template <bool kPermute>
-__attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitSpan& s, const AdamWScalars& c,
-                                                                int64_t first, int64_t last) {
+__attribute__((target("avx512f,avx512bw"))) void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c,
+                                                              int64_t first, int64_t last) {
   const Avx512Scalars k16 = Broadcast(c);
   alignas(64) float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
@@ -151,7 +152,7 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitS
     for (; k + 16 <= len; k += 16) {
       const int64_t i = begin + k;
       __m512 mk, vk;
-      const __m512 p = Update16<kPermute>(s, k16, i, a1, a2, &mk, &vk);
+      const __m512 p = Update16<false>(s, k16, i, a1, a2, &mk, &vk);
       _mm512_storeu_ps(s.param + i, p);
       if (s.out_bf16) StoreBf16x16(s.out_bf16 + i, p);
       _mm512_store_ps(m + k, mk);
@@ -171,11 +172,6 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512BlocksOf(const AdamW8bitS
   }
 }
 
-void Avx512Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first, int64_t last, Dequantise how) {
-  if (how == Dequantise::kPermute) return Avx512BlocksOf<true>(s, c, first, last);
-  Avx512BlocksOf<false>(s, c, first, last);
-}
-
 // The weights-only pass over elements [a, b) of the span into out[0, b - a).
 void ScalarWeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a, int64_t b, c10::BFloat16* out) {
   const auto& map1 = SignedDynamicMap();
@@ -188,9 +184,8 @@ void ScalarWeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a,
 }
 
 // Vectors of 16 that start at multiples of 16 (so none straddles a block), the scalar path before and after.
-template <bool kPermute>
-__attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnlyOf(const AdamW8bitSpan& s, const AdamWScalars& c,
-                                                                     int64_t a, int64_t b, c10::BFloat16* out) {
+__attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c,
+                                                                   int64_t a, int64_t b, c10::BFloat16* out) {
   const Avx512Scalars k16 = Broadcast(c);
   const int64_t head = std::min(b, (a + 15) / 16 * 16);
   ScalarWeightsOnly(s, c, a, head, out);
@@ -198,16 +193,11 @@ __attribute__((target("avx512f,avx512bw"))) void Avx512WeightsOnlyOf(const AdamW
   for (; i + 16 <= b; i += 16) {
     const int64_t block = i / kQuantBlock;
     __m512 m, v;
-    const __m512 p = Update16<kPermute>(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
-                                        _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
+    const __m512 p = Update16<true>(s, k16, i, _mm512_set1_ps(s.exp_avg_absmax[block]),
+                                    _mm512_set1_ps(s.exp_avg_sq_absmax[block]), &m, &v);
     StoreBf16x16(out + (i - a), p);
   }
   ScalarWeightsOnly(s, c, i, b, out + (i - a));
-}
-
-void Avx512WeightsOnly(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t a, int64_t b, c10::BFloat16* out) {
-  if (ActiveDequantise() == Dequantise::kPermute) return Avx512WeightsOnlyOf<true>(s, c, a, b, out);
-  Avx512WeightsOnlyOf<false>(s, c, a, b, out);
 }
 
 // The AVX2 body: the AVX-512 one's steps 8 elements at a time.
@@ -253,7 +243,7 @@ __attribute__((target("avx2,fma"))) inline float MaxOf(__m256 x) {
 }
 
 __attribute__((target("avx2,fma"))) void Avx2Blocks(const AdamW8bitSpan& s, const AdamWScalars& c, int64_t first,
-                                                    int64_t last, Dequantise) {
+                                                    int64_t last) {
   const Avx2Scalars k8 = Broadcast8(c);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   alignas(32) float m[kQuantBlock], v[kQuantBlock];
@@ -331,8 +321,7 @@ void CpuAdamW8bit(const AdamW8bitSpan& span, const AdamWStepArgs& args, SimdLeve
   const int64_t blocks = (span.n + kQuantBlock - 1) / kQuantBlock;
   const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
   auto blocks_of = level == SimdLevel::kAvx512 ? Avx512Blocks : level == SimdLevel::kAvx2 ? Avx2Blocks : ScalarBlocks;
-  const Dequantise how = ActiveDequantise();
-  auto run_tile = [&](int64_t t) { blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks), how); };
+  auto run_tile = [&](int64_t t) { blocks_of(span, c, t * kTileBlocks, std::min(blocks, (t + 1) * kTileBlocks)); };
   if (threads == 1 || tiles <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(t);
     return;

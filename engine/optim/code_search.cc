@@ -5,7 +5,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -76,8 +75,6 @@ const WideIndex& IndexOf(const std::array<float, 256>& map) {
   return unsigned_index;
 }
 
-std::atomic<Dequantise> g_dequantise{Dequantise::kGather};
-
 // The AVX-512 bodies: 16 values at a time, clamped to [-1, 1] (NaN becomes -1: max_ps returns its second operand),
 // which gives NearestCode's code 0 for NaN as the scalar path does. Each returns how many values it coded.
 __attribute__((target("avx512f,avx512bw"))) inline __m512 Scaled16(const float* x, __m512 inv) {
@@ -145,10 +142,6 @@ __attribute__((target("avx2,fma"))) int64_t Wide256(const float* x, int64_t len,
 }
 
 }  // namespace
-
-const char* DequantiseName(Dequantise how) { return how == Dequantise::kGather ? "gather" : "permute"; }
-Dequantise ActiveDequantise() { return g_dequantise.load(std::memory_order_relaxed); }
-void SetDequantise(Dequantise how) { g_dequantise.store(how, std::memory_order_relaxed); }
 
 void QuantizeScaled(const float* x, int64_t len, float amax, const std::array<float, 256>& map, SimdLevel level,
                     uint8_t* codes) {

@@ -20,11 +20,4 @@ uint8_t IndexedNearestCode(const std::array<float, 256>& map, float x);
 void QuantizeScaled(const float* x, int64_t len, float amax, const std::array<float, 256>& map, SimdLevel level,
                     uint8_t* codes);
 
-// How the AVX-512 update dequantises: gathers from the maps, or permutes of them held in registers (no memory
-// gather). The same bits; benchmarks compare them (SetDequantise, sliding_bench --dequantise).
-enum class Dequantise { kGather, kPermute };
-const char* DequantiseName(Dequantise how);
-Dequantise ActiveDequantise();
-void SetDequantise(Dequantise how);
-
 }  // namespace slide
